@@ -1,0 +1,60 @@
+/* pf_ring.h: the index half of the single-producer/single-consumer ring.
+ *
+ * The ring only hands out slot numbers; the Cython side stores the batches.
+ * Threads: exactly one producer calls reserve/publish, one consumer at a time
+ * calls acquire/release (the Cython side serialises consumers with the GIL),
+ * and any thread may call close. The try_* calls never block; the wait_* calls
+ * block for at most timeout_ns, so callers can poll for signals in slices.
+ */
+#ifndef PF_RING_H
+#define PF_RING_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "pf_sync.h"
+
+typedef struct pf_ring {
+    /* Producer-owned line: head is the count of published slots. */
+    PF_ALIGNED _Atomic uint64_t head;
+    uint64_t tail_cache; /* producer's last view of tail: saves a shared-line read */
+    /* Consumer-owned line: tail is the count of released slots. */
+    PF_ALIGNED _Atomic uint64_t tail;
+    uint64_t head_cache; /* consumer's last view of head */
+    /* Shared, mostly read. */
+    PF_ALIGNED uint64_t capacity;
+    uint64_t max_bytes;       /* 0: no cap on bytes buffered */
+    uint64_t *slot_bytes;     /* bytes of each published slot, for the byte cap */
+    _Atomic uint64_t bytes;   /* bytes in published, unreleased slots */
+    _Atomic int closed;
+    _Atomic int sleepers;     /* threads inside a wait_*: wakers lock only if > 0 */
+    pf_sync sync;
+} pf_ring;
+
+// Returns 0, PF_EINVAL (capacity 0) or PF_ENOMEM/PF_ESYS.
+int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes);
+void pf_ring_fini(pf_ring *r);
+
+// Producer. Returns 0 and the slot to fill when a slot is free and nbytes fit
+// under max_bytes (or the ring is empty); PF_ETIMEDOUT (try: -1 means "not now")
+// or PF_ECLOSED otherwise.
+int pf_ring_try_reserve(pf_ring *r, uint64_t nbytes, uint64_t *slot);
+// Blocks until try_reserve would succeed, the ring closes, or timeout_ns passes.
+int pf_ring_wait_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns);
+// Makes the reserved slot visible to the consumer.
+void pf_ring_publish(pf_ring *r, uint64_t nbytes);
+
+// Consumer. Returns 0 and the oldest published slot, PF_ETIMEDOUT when empty,
+// PF_ECLOSED when closed.
+int pf_ring_try_acquire(pf_ring *r, uint64_t *slot);
+// Blocks until try_acquire would succeed, the ring closes, or timeout_ns passes.
+int pf_ring_wait_acquire(pf_ring *r, int64_t timeout_ns);
+// Gives the acquired slot back to the producer.
+void pf_ring_release(pf_ring *r);
+
+// Slots published and not yet released (any thread; a snapshot).
+uint64_t pf_ring_fill(pf_ring *r);
+// Wakes every waiter; all later calls return PF_ECLOSED. Idempotent.
+void pf_ring_close(pf_ring *r);
+
+#endif

@@ -1,0 +1,309 @@
+/* test_pf.c: standalone driver for csrc/, run under TSan and ASan+UBSan.
+ *
+ * Single-thread semantics of the ring and the pool, then fuzz runs where a
+ * producer thread fills pool blocks, publishes them through the ring, and a
+ * consumer checks order and contents and gives the blocks back from yet
+ * another thread, while a copier splits large copies. Exits non-zero on the
+ * first failed check. Usage: test_pf [iterations] [seed]
+ */
+#define _POSIX_C_SOURCE 200809L /* posix_memalign, condattr_setclock, nanosleep */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pf_copy.h"
+#include "pf_pool.h"
+#include "pf_ring.h"
+
+#define CHECK(cond)                                                             \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+            exit(1);                                                            \
+        }                                                                       \
+    } while (0)
+
+static const int64_t MS = 1000 * 1000;
+
+static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+static void test_ring_semantics(void) {
+    pf_ring r;
+    uint64_t slot;
+    CHECK(pf_ring_init(&r, 0, 0) == PF_EINVAL);
+    CHECK(pf_ring_init(&r, 3, 0) == PF_OK);
+    CHECK(pf_ring_try_acquire(&r, &slot) == PF_ETIMEDOUT);
+    CHECK(pf_ring_wait_acquire(&r, 1 * MS) == PF_ETIMEDOUT);
+    for (uint64_t i = 0; i < 3; i++) {
+        CHECK(pf_ring_try_reserve(&r, 1, &slot) == PF_OK && slot == i);
+        pf_ring_publish(&r, 1);
+    }
+    CHECK(pf_ring_fill(&r) == 3);
+    CHECK(pf_ring_try_reserve(&r, 1, &slot) == PF_ETIMEDOUT);
+    CHECK(pf_ring_wait_reserve(&r, 1, 1 * MS) == PF_ETIMEDOUT);
+    for (uint64_t i = 0; i < 7; i++) { /* wraps around twice */
+        CHECK(pf_ring_try_acquire(&r, &slot) == PF_OK && slot == i % 3);
+        pf_ring_release(&r);
+        CHECK(pf_ring_try_reserve(&r, 1, &slot) == PF_OK && slot == (i + 3) % 3);
+        pf_ring_publish(&r, 1);
+    }
+    pf_ring_close(&r);
+    pf_ring_close(&r); /* idempotent */
+    CHECK(pf_ring_try_acquire(&r, &slot) == PF_ECLOSED);
+    CHECK(pf_ring_try_reserve(&r, 1, &slot) == PF_ECLOSED);
+    CHECK(pf_ring_wait_acquire(&r, 1 * MS) == PF_ECLOSED);
+    CHECK(pf_ring_wait_reserve(&r, 1, 1 * MS) == PF_ECLOSED);
+    pf_ring_fini(&r);
+}
+
+static void test_ring_max_bytes(void) {
+    pf_ring r;
+    uint64_t slot;
+    CHECK(pf_ring_init(&r, 4, 100) == PF_OK);
+    /* A batch bigger than the cap still goes through when the ring is empty. */
+    CHECK(pf_ring_try_reserve(&r, 500, &slot) == PF_OK);
+    pf_ring_publish(&r, 500);
+    CHECK(pf_ring_try_reserve(&r, 1, &slot) == PF_ETIMEDOUT);
+    CHECK(pf_ring_try_acquire(&r, &slot) == PF_OK);
+    pf_ring_release(&r);
+    CHECK(pf_ring_try_reserve(&r, 60, &slot) == PF_OK);
+    pf_ring_publish(&r, 60);
+    CHECK(pf_ring_try_reserve(&r, 40, &slot) == PF_OK);
+    pf_ring_publish(&r, 40);
+    CHECK(pf_ring_try_reserve(&r, 1, &slot) == PF_ETIMEDOUT); /* 101 > 100 */
+    CHECK(pf_ring_try_acquire(&r, &slot) == PF_OK);
+    pf_ring_release(&r);
+    CHECK(pf_ring_try_reserve(&r, 60, &slot) == PF_OK);
+    pf_ring_fini(&r);
+}
+
+static void test_pool_semantics(void) {
+    CHECK(pf_pool_class_capacity(0) == 64);
+    CHECK(pf_pool_class_capacity(64) == 64);
+    CHECK(pf_pool_class_capacity(65) == 80);
+    CHECK(pf_pool_class_capacity(1 << 20) == 1 << 20);
+    CHECK(pf_pool_class_capacity((1 << 20) + 1) == (1 << 20) + (1 << 18));
+    for (size_t n = 1; n < 100000; n += 97) {
+        size_t cap = pf_pool_class_capacity(n);
+        CHECK(cap >= n && (cap <= 64 || cap - n < cap / 4 + 1));
+    }
+    pf_pool *p = pf_pool_new(1 << 20);
+    CHECK(p);
+    pf_block *a = pf_pool_get(p, 1000), *b = pf_pool_get(p, 1000);
+    CHECK(a && b && a != b && a->capacity >= 1000);
+    CHECK(((uintptr_t)a->data % PF_CACHELINE) == 0);
+    memset(a->data, 1, 1000);
+    void *a_data = a->data;
+    pf_pool_put(a);
+    pf_block *c = pf_pool_get(p, 990); /* same class: reused */
+    CHECK(c->data == a_data);
+    pf_pool_stats s = pf_pool_get_stats(p);
+    CHECK(s.blocks_allocated == 2 && s.blocks_reused == 1 && s.blocks_out == 2);
+    /* Over the keep cap: freed, not kept. */
+    pf_block *big = pf_pool_get(p, 4 << 20);
+    pf_pool_put(big);
+    CHECK(pf_pool_get_stats(p).blocks_freed == 1);
+    pf_pool_put(b);
+    pf_pool_close(p); /* c is still out: the pool lives until it returns */
+    CHECK(pf_pool_get(p, 10) == NULL);
+    memset(c->data, 2, c->capacity);
+    pf_pool_put(c); /* frees c, then the pool itself (ASan checks both) */
+}
+
+static void test_copier(int nhelpers, uint64_t *seed) {
+    pf_copier c;
+    CHECK(pf_copier_init(&c, nhelpers) == PF_OK);
+    for (int round = 0; round < 8; round++) {
+        size_t njobs = 1 + rng_next(seed) % 5;
+        pf_copy_job jobs[5];
+        for (size_t i = 0; i < njobs; i++) {
+            size_t n = rng_next(seed) % 2 ? rng_next(seed) % 4096 : rng_next(seed) % (3u << 20);
+            unsigned char *src = malloc(n + 1), *dst = malloc(n + 1);
+            for (size_t k = 0; k < n; k++) src[k] = (unsigned char)(k * 31 + i + round);
+            jobs[i] = (pf_copy_job){dst, src, n};
+        }
+        pf_copy_run(&c, jobs, njobs);
+        for (size_t i = 0; i < njobs; i++) {
+            CHECK(memcmp(jobs[i].dst, jobs[i].src, jobs[i].nbytes) == 0);
+            free(jobs[i].dst);
+            free((void *)jobs[i].src);
+        }
+    }
+    pf_copier_fini(&c);
+}
+
+/* The fuzz: producer -> ring -> consumer, blocks returned by a third thread. */
+typedef struct fuzz {
+    pf_ring ring;
+    pf_pool *pool;
+    pf_copier copier;
+    pf_block **slots;     /* payload per ring slot */
+    uint64_t *slot_seq;   /* sequence number per ring slot */
+    uint64_t n, seed;
+    /* consumer -> returner hand-off, a tiny mutex-protected stack */
+    pf_sync ret_sync;
+    pf_block **ret;
+    size_t nret;
+    int consumer_done;
+} fuzz;
+
+/* Batch seq's bytes are pattern_buf[seq % 251 ...]: distinct per batch,
+ * without a byte loop per batch (slow under TSan). */
+#define PATTERN_MAX (2u << 20)
+static unsigned char pattern_buf[PATTERN_MAX + 256];
+static const unsigned char *pattern(uint64_t seq) { return pattern_buf + seq % 251; }
+
+static void *fuzz_producer(void *arg) {
+    fuzz *f = arg;
+    uint64_t seed = f->seed;
+    for (uint64_t seq = 0; seq < f->n; seq++) {
+        size_t n = rng_next(&seed) % 16 == 0 ? rng_next(&seed) % PATTERN_MAX : rng_next(&seed) % 512;
+        uint64_t slot;
+        int rc;
+        while ((rc = pf_ring_try_reserve(&f->ring, n, &slot)) == PF_ETIMEDOUT)
+            pf_ring_wait_reserve(&f->ring, n, 50 * MS);
+        CHECK(rc == PF_OK);
+        pf_block *b = pf_pool_get(f->pool, n + sizeof seq);
+        CHECK(b);
+        pf_copy_job job = {(char *)b->data + sizeof seq, pattern(seq), n};
+        pf_copy_run(&f->copier, &job, 1);
+        memcpy(b->data, &seq, sizeof seq);
+        f->slots[slot] = b;
+        f->slot_seq[slot] = n;
+        pf_ring_publish(&f->ring, n);
+    }
+    return NULL;
+}
+
+static void *fuzz_consumer(void *arg) {
+    fuzz *f = arg;
+    uint64_t seed = f->seed ^ 0x9e3779b97f4a7c15ull;
+    for (uint64_t seq = 0; seq < f->n; seq++) {
+        uint64_t slot;
+        int rc;
+        while ((rc = pf_ring_try_acquire(&f->ring, &slot)) == PF_ETIMEDOUT)
+            pf_ring_wait_acquire(&f->ring, 50 * MS);
+        CHECK(rc == PF_OK);
+        pf_block *b = f->slots[slot];
+        size_t n = f->slot_seq[slot];
+        uint64_t got;
+        memcpy(&got, b->data, sizeof got);
+        CHECK(got == seq); /* in order, exactly once */
+        const unsigned char *data = (const unsigned char *)b->data + sizeof got;
+        for (size_t k = 0; k < n; k += 1 + k / 8) CHECK(data[k] == pattern(seq)[k]);
+        f->slots[slot] = NULL;
+        pf_ring_release(&f->ring);
+        if (rng_next(&seed) % 64 == 0) { /* now and then, let the producer fill up */
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+        }
+        pf_sync_lock(&f->ret_sync);
+        f->ret[f->nret++] = b;
+        pf_sync_broadcast(&f->ret_sync);
+        pf_sync_unlock(&f->ret_sync);
+    }
+    pf_sync_lock(&f->ret_sync);
+    f->consumer_done = 1;
+    pf_sync_broadcast(&f->ret_sync);
+    pf_sync_unlock(&f->ret_sync);
+    return NULL;
+}
+
+static void *fuzz_returner(void *arg) {
+    fuzz *f = arg;
+    pf_sync_lock(&f->ret_sync);
+    for (;;) {
+        while (f->nret > 0) {
+            pf_block *b = f->ret[--f->nret];
+            pf_sync_unlock(&f->ret_sync);
+            pf_pool_put(b);
+            pf_sync_lock(&f->ret_sync);
+        }
+        if (f->consumer_done) break;
+        pf_sync_wait(&f->ret_sync, 50 * MS);
+    }
+    pf_sync_unlock(&f->ret_sync);
+    return NULL;
+}
+
+static void run_fuzz(uint64_t capacity, uint64_t max_bytes, int nhelpers, uint64_t n, uint64_t seed) {
+    fuzz f = {0};
+    f.n = n;
+    f.seed = seed;
+    CHECK(pf_ring_init(&f.ring, capacity, max_bytes) == PF_OK);
+    CHECK((f.pool = pf_pool_new(8u << 20)) != NULL);
+    CHECK(pf_copier_init(&f.copier, nhelpers) == PF_OK);
+    CHECK(pf_sync_init(&f.ret_sync) == PF_OK);
+    f.slots = calloc(capacity, sizeof *f.slots);
+    f.slot_seq = calloc(capacity, sizeof *f.slot_seq);
+    f.ret = calloc(n, sizeof *f.ret);
+    pthread_t prod, cons, ret;
+    pthread_create(&prod, NULL, fuzz_producer, &f);
+    pthread_create(&cons, NULL, fuzz_consumer, &f);
+    pthread_create(&ret, NULL, fuzz_returner, &f);
+    pthread_join(prod, NULL);
+    pthread_join(cons, NULL);
+    pthread_join(ret, NULL);
+    pf_pool_stats s = pf_pool_get_stats(f.pool);
+    CHECK(s.blocks_out == 0);
+    CHECK(s.blocks_allocated + s.blocks_reused == n);
+    CHECK(s.blocks_reused > 0);
+    pf_ring_close(&f.ring);
+    pf_ring_fini(&f.ring);
+    pf_copier_fini(&f.copier);
+    pf_pool_close(f.pool);
+    pf_sync_fini(&f.ret_sync);
+    free(f.slots);
+    free(f.slot_seq);
+    free(f.ret);
+}
+
+/* close() from a third thread wakes a blocked consumer and a blocked producer. */
+static void *closer(void *arg) {
+    struct timespec ts = {0, 5 * MS};
+    nanosleep(&ts, NULL);
+    pf_ring_close(arg);
+    return NULL;
+}
+
+static void test_close_wakes_waiters(void) {
+    pf_ring r;
+    uint64_t slot;
+    pthread_t t;
+    CHECK(pf_ring_init(&r, 1, 0) == PF_OK);
+    pthread_create(&t, NULL, closer, &r);
+    int64_t t0 = pf_now_ns();
+    CHECK(pf_ring_wait_acquire(&r, 10000 * MS) == PF_ECLOSED);
+    CHECK(pf_now_ns() - t0 < 5000 * MS); /* woken by close, not by the timeout */
+    pthread_join(t, NULL);
+    CHECK(pf_ring_try_reserve(&r, 1, &slot) == PF_ECLOSED);
+    pf_ring_fini(&r);
+}
+
+int main(int argc, char **argv) {
+    uint64_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : 20000;
+    uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 10) : (uint64_t)time(NULL);
+    printf("test_pf: n=%llu seed=%llu\n", (unsigned long long)n, (unsigned long long)seed);
+    if (seed == 0) seed = 1;
+    for (size_t k = 0; k < sizeof pattern_buf; k++) pattern_buf[k] = (unsigned char)(k * 7 + k / 251);
+    test_ring_semantics();
+    test_ring_max_bytes();
+    test_pool_semantics();
+    test_close_wakes_waiters();
+    uint64_t s = seed;
+    test_copier(0, &s);
+    test_copier(1, &s);
+    test_copier(3, &s);
+    run_fuzz(1, 0, 0, n, seed);
+    run_fuzz(4, 0, 1, n, seed + 1);
+    run_fuzz(3, 1 << 20, 2, n, seed + 2);
+    printf("test_pf: ok\n");
+    return 0;
+}

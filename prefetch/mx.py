@@ -1,0 +1,463 @@
+"""MXNet adapter: NDArray leaves, DataBatch containers, ``device=`` delivery and
+``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter`` (SPEC §2, §3, §5, §6).
+
+Threading contract: ``_copy_ndarray``, ``_rebuild_batch`` and the callable made by
+``_device_finisher`` run on a prefetcher's fetch thread with the GIL held; so does
+``_Feed.__next__`` (it is the source of ``PrefetchingIter``'s prefetcher).  Every
+``PrefetchingIter`` method runs on the consumer's thread.  ``import prefetch`` never
+imports this module: the core imports it the first time it meets an mxnet type or
+a ``device=``, and importing it registers the hooks.
+"""
+
+import copy
+import ctypes
+import threading
+import weakref
+
+import numpy as np
+
+try:
+    import mxnet as mx
+    from mxnet.base import _LIB, check_call
+except (ImportError, OSError, AttributeError) as _exc:
+    # AttributeError: mxnet 1.9.1 uses aliases that numpy 1.24 removed (np.bool).
+    raise ImportError(
+        "prefetch.mx needs MXNet: pip install 'prefetch-ring[mxnet]' "
+        "(mxnet==1.9.1 with numpy<1.24, Python <= 3.11); importing mxnet failed: "
+        f"{_exc!r}") from _exc
+
+from . import ClosedError, Prefetcher, _ring
+
+__all__ = ["PrefetchingIter", "patch", "unpatch", "ClosedError"]
+
+# dtypes that mx.nd.from_numpy(zero_copy=True) maps through DLPack (its TYPE_MAP,
+# checked on 1.9.1); int8, uint32, ... take the engine-copy path.
+_ZERO_COPY_DTYPES = frozenset(
+    ["bool", "float16", "float32", "float64", "uint8", "int32", "int64"])
+
+
+# --------------------------------------------------------------------------
+# Core hooks (SPEC §3): NDArray leaves and DataBatch containers.
+
+class _HostView:
+    """Exposes a CPU NDArray's memory to numpy, keeping the NDArray alive."""
+
+    __slots__ = ("__array_interface__", "_nd")
+
+    def __init__(self, nd, ptr):
+        self._nd = nd
+        self.__array_interface__ = {
+            "shape": tuple(nd.shape),
+            "typestr": np.dtype(nd.dtype).str,
+            "data": (ptr, True),  # read-only: we never write a source's memory
+            "version": 3,
+        }
+
+
+def _host_view(nd):
+    """A read-only numpy view of a default-storage CPU NDArray, no copy.
+
+    wait_to_read() first: the engine may still be writing it.  MXNDArrayGetData
+    also reorders an MKLDNN-layout array to the default layout (and waits).
+    """
+    nd.wait_to_read()
+    ptr = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(nd.handle, ctypes.byref(ptr)))
+    return np.asarray(_HostView(nd, ptr.value))
+
+
+def _zero_copy_ok(nd):
+    ctx = nd.context
+    host = ((ctx.device_type == "cpu" and ctx.device_id == 0)
+            # cpu_shared only carries a DataLoader's batch between processes;
+            # the copy lands in the pool on cpu(0) and frees the shared segment.
+            or ctx.device_type == "cpu_shared")
+    return (host and nd.stype == "default" and nd.size > 0
+            and np.dtype(nd.dtype).name in _ZERO_COPY_DTYPES)
+
+
+def _copy_ndarray(nd, copy_array):
+    """Leaf hook: a fresh NDArray with ``nd``'s shape, dtype and values.
+
+    Host arrays: the core copies their memory into a pool block later in the
+    batch, without the GIL, and the NDArray we return owns that block (DLPack
+    keeps the numpy array alive until MXNet frees the NDArray).  Other contexts
+    (GPU, cpu(k>0), cpu_pinned, sparse, dtypes DLPack cannot carry) are copied
+    by the engine on their own context, complete before we return.
+    """
+    if _zero_copy_ok(nd):
+        out = copy_array(_host_view(nd))
+        return _from_numpy(out, zero_copy=True)
+    out = nd.copy() if nd.stype != "default" else nd.copyto(nd.context)
+    out.wait_to_read()
+    return out
+
+
+_from_numpy = mx.nd.from_numpy  # module attribute so tests can observe the blocks
+
+
+def _rebuild_batch(batch, recurse):
+    """Container hook for mx.io.DataBatch (and subclasses): copies data, label
+    and index; pad, bucket_key and provide_data/provide_label pass through."""
+    new = copy.copy(batch)
+    new.data = recurse(batch.data)
+    new.label = recurse(batch.label)
+    new.index = recurse(batch.index)
+    return new
+
+
+def _as_context(device):
+    if not isinstance(device, mx.Context):
+        raise TypeError(
+            "device must be an MXNet context such as mx.gpu(0), mx.cpu_pinned(0) "
+            f"or mx.cpu(1), got {device!r}")
+    if device.device_type == "gpu" and device.device_id >= mx.context.num_gpus():
+        raise ValueError(
+            f"device={device!r}: this MXNet sees {mx.context.num_gpus()} GPU(s)")
+    return device
+
+
+def _device_finisher(device):
+    """Core hook for ``Prefetcher(device=...)``: returns ``finish(batch)``, run on
+    the fetch thread after the host copies are complete.  It moves every NDArray
+    leaf to ``device`` and returns only when the engine has finished the copies,
+    so a batch handed out is complete on its context (SPEC §2 device)."""
+    ctx = _as_context(device)
+
+    def finish(batch):
+        moved = []
+
+        def move(leaf):
+            if isinstance(leaf, mx.nd.NDArray) and leaf.context != ctx:
+                leaf = leaf.copyto(ctx)
+                moved.append(leaf)
+            return leaf
+
+        out = _ring.map_leaves(move, batch)
+        for nd in moved:
+            nd.wait_to_read()  # ctypes call: the GIL is released while it waits
+        return out
+
+    return finish
+
+
+_ring.register_leaf(mx.nd.NDArray, _copy_ndarray)
+_ring.register_container(mx.io.DataBatch, _rebuild_batch)
+
+
+# --------------------------------------------------------------------------
+# PrefetchingIter (SPEC §6)
+
+_MISMATCH = "Number of entry mismatches between iterators"
+
+
+class _Feed:
+    """The source of a PrefetchingIter's Prefetcher: one round pulls one batch
+    from each wrapped iterator and combines them (as mx's iter_next does).
+
+    A round may start only while ``rounds < taken + depth``, so at any quiet
+    moment the wrapped iterators have been read exactly ``depth`` batches past
+    what the consumer took (or to their end), as mx's class with depth 1.  That
+    makes ``reset()`` deterministic.  It holds no reference to the
+    PrefetchingIter: the fetch thread must not keep it alive (SPEC §5).
+    """
+
+    def __init__(self, iters, depth):
+        self.iters = iters
+        self.depth = depth
+        self.cond = threading.Condition()
+        self.rounds = 0       # rounds completed
+        self.taken = 0        # batches the consumer took
+        self.in_round = False
+        self.stopped = False  # set by reset()/close(): no round starts after it
+        self.done = False     # the iterators ended (or raised): no more rounds
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self.cond:
+            while not self.stopped and self.rounds >= self.taken + self.depth:
+                self.cond.wait()
+            if self.stopped or self.done:
+                raise StopIteration
+            self.in_round = True
+        try:
+            batch = self.round()
+        finally:
+            with self.cond:
+                self.in_round = False
+                self.cond.notify_all()
+        if batch is None:
+            raise StopIteration
+        return batch
+
+    def round(self):
+        """Pull one batch from every iterator; None at the end of the data."""
+        ok = False
+        try:
+            batches = []
+            for it in self.iters:
+                try:
+                    batches.append(it.next())
+                except StopIteration:
+                    batches.append(None)
+            ok = True
+        finally:
+            self.rounds += 1
+            if not ok:
+                self.done = True
+        first = batches[0]
+        if first is None:
+            self.done = True
+            if any(b is not None for b in batches):
+                raise AssertionError(_MISMATCH)
+            return None
+        for b in batches:
+            if b is None or b.pad != first.pad:
+                self.done = True
+                raise AssertionError(_MISMATCH)
+        return mx.io.DataBatch(
+            sum([list(b.data) for b in batches], []),
+            sum([list(b.label or []) for b in batches], []),
+            first.pad, first.index)
+
+    def took_one(self):
+        with self.cond:
+            self.taken += 1
+            self.cond.notify_all()
+
+    def stop(self):
+        """No round starts after this returns; waits for one in progress."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+            while self.in_round:
+                self.cond.wait(0.1)
+
+    def top_up(self):
+        """After stop() and the prefetcher's close(): read the iterators to where
+        an undisturbed prefetcher would be (``depth`` past the consumer), so a
+        reset finds them where mx's class leaves them."""
+        while not self.done and self.rounds < self.taken + self.depth:
+            self.round()
+
+
+def _shutdown(feed, pf):
+    feed.stop()  # first: the fetch thread may be parked in the feed's wait
+    pf.close()
+
+
+def _descs(iters, renames, attr):
+    if renames is None:
+        return sum([list(getattr(i, attr, None) or []) for i in iters], [])
+    return sum([[
+        mx.io.DataDesc(r[x.name], x.shape, x.dtype)
+        if isinstance(x, mx.io.DataDesc) else mx.io.DataDesc(*x)
+        for x in (getattr(i, attr, None) or [])
+    ] for r, i in zip(renames, iters)], [])
+
+
+class PrefetchingIter(mx.io.DataIter):
+    """Prefetches batches of one or several DataIters on a background thread,
+    each batch a fresh copy (drop-in for ``mx.io.PrefetchingIter``).
+
+    Parameters
+    ----------
+    iters : DataIter or list of DataIter
+        Iterators combined batch by batch (data and labels concatenated, pad
+        and index from the first).  Any object with ``reset()`` and ``next()``.
+    rename_data, rename_label : None or list of dict
+        The i-th dict renames entries of ``iters[i].provide_data`` (``_label``).
+    depth : int
+        Batches prefetched ahead.  With ``depth=1`` every sequence of calls
+        returns what ``mx.io.PrefetchingIter`` returns.
+    device : mx.Context or None
+        Deliver the NDArrays on this context (e.g. ``mx.gpu(0)``), the copy done
+        in the background.
+    timeout, max_bytes, workers, name
+        As for ``prefetch.Prefetcher``.
+
+    Raises
+    ------
+    prefetch.ClosedError
+        From ``next()``, ``iter_next()`` or ``reset()`` after ``close()``.
+    AssertionError
+        When the iterators disagree on length or pad (as mx's class).
+
+    Examples
+    --------
+    >>> it1 = mx.io.NDArrayIter({'data': mx.nd.ones((100, 10))}, batch_size=25)
+    >>> it2 = mx.io.NDArrayIter({'data': mx.nd.ones((100, 10))}, batch_size=25)
+    >>> with PrefetchingIter([it1, it2], rename_data=[{'data': 'data_1'},
+    ...                                               {'data': 'data_2'}]) as it:
+    ...     [d.name for d in it.provide_data]
+    ['data_1', 'data_2']
+    """
+
+    def __init__(self, iters, rename_data=None, rename_label=None, depth=4,
+                 device=None, *, timeout=None, max_bytes=None, workers=1, name=None):
+        super().__init__()
+        self._closed = True  # until a prefetcher runs: close() must work half-built
+        if not isinstance(iters, list):
+            iters = [iters]
+        if not iters:
+            raise ValueError("iters must hold at least one iterator, got []")
+        for it in iters:
+            if not (callable(getattr(it, "next", None))
+                    and callable(getattr(it, "reset", None))):
+                raise TypeError(
+                    f"iters: each must have next() and reset() (a DataIter), got {it!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        if device is not None:
+            _as_context(device)
+        self.n_iter = len(iters)
+        self.iters = iters
+        self.rename_data = rename_data
+        self.rename_label = rename_label
+        descs = self.provide_data
+        self.batch_size = descs[0][1][0] if descs else getattr(iters[0], "batch_size", 0)
+        self.current_batch = None
+        self._depth = depth
+        self._options = dict(depth=depth, device=device, timeout=timeout,
+                             max_bytes=max_bytes, workers=workers, name=name)
+        self._start()
+        self._closed = False
+
+    def _start(self):
+        feed = _Feed(self.iters, self._depth)
+        try:
+            pf = Prefetcher(feed, **self._options)
+        except BaseException:
+            feed.stop()
+            raise
+        self._feed, self._pf = feed, pf
+        self._exhausted = False
+        self._finalizer = weakref.finalize(self, _shutdown, feed, pf)
+
+    @property
+    def provide_data(self):
+        return _descs(self.iters, self.rename_data, "provide_data")
+
+    @property
+    def provide_label(self):
+        return _descs(self.iters, self.rename_label, "provide_label")
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def _check_open(self):
+        if self._closed:
+            raise ClosedError(f"{type(self).__name__} is closed")
+
+    def reset(self):
+        """Drop what was prefetched, reset every iterator, and start prefetching."""
+        self._check_open()
+        feed, pf = self._feed, self._pf
+        self._finalizer.detach()
+        feed.stop()
+        pf.close()
+        feed.top_up()
+        for it in self.iters:
+            it.reset()
+        self._start()
+
+    def iter_next(self):
+        self._check_open()
+        if self._exhausted:
+            return False
+        try:
+            batch = next(self._pf)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        self._feed.took_one()
+        batch.provide_data = self.provide_data
+        batch.provide_label = self.provide_label
+        self.current_batch = batch
+        return True
+
+    def next(self):
+        if self.iter_next():
+            return self.current_batch
+        raise StopIteration
+
+    def getdata(self):
+        return self.current_batch.data
+
+    def getlabel(self):
+        return self.current_batch.label
+
+    def getindex(self):
+        return self.current_batch.index
+
+    def getpad(self):
+        return self.current_batch.pad
+
+    def stats(self):
+        """``prefetch.Stats`` of the current epoch's prefetcher."""
+        return self._pf.stats()
+
+    def close(self):
+        """Stop prefetching and release what was prefetched; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __del__(self):
+        # mx's class is told to be freed with an explicit __del__(); keep that working.
+        if getattr(self, "_finalizer", None) is not None:
+            self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else "open"
+        return (f"<prefetch.mx.PrefetchingIter n_iter={self.n_iter} "
+                f"depth={self._depth} {state}>")
+
+
+# --------------------------------------------------------------------------
+# patch(): for scripts that cannot be edited.
+
+_saved = None
+
+
+def patch(depth=1, **options):
+    """Make ``mx.io.PrefetchingIter`` (and ``mxnet.io.io.PrefetchingIter``) ours
+    for code that looks it up after this call; ``unpatch()`` restores mx's.
+
+    ``depth`` defaults to 1, so every sequence of calls returns what mx's class
+    returned; ``options`` (device, timeout, ...) apply to every instance.
+    Code that did ``from mxnet.io import PrefetchingIter`` earlier keeps mx's.
+    """
+    global _saved
+    defaults = dict(options, depth=depth)
+
+    class Patched(PrefetchingIter):
+        def __init__(self, iters, rename_data=None, rename_label=None, **kw):
+            super().__init__(iters, rename_data, rename_label, **{**defaults, **kw})
+
+    Patched.__name__ = Patched.__qualname__ = "PrefetchingIter"
+    Patched.__module__ = __name__
+    if _saved is None:
+        _saved = mx.io.PrefetchingIter
+    mx.io.PrefetchingIter = Patched
+    mx.io.io.PrefetchingIter = Patched
+    return Patched
+
+
+def unpatch():
+    """Restore ``mx.io.PrefetchingIter``; a no-op when not patched."""
+    global _saved
+    if _saved is not None:
+        mx.io.PrefetchingIter = _saved
+        mx.io.io.PrefetchingIter = _saved
+        _saved = None
