@@ -319,6 +319,15 @@ def rss_bytes():
 
 
 def maxrss_bytes():
+    """Peak RSS of this process image. VmHWM, because ru_maxrss survives exec
+    and so would report the parent's peak in a child process."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 

@@ -160,14 +160,24 @@ def run(cfg, prog=None):
         t1 = _copyto_1t(src, dst, 3) / 3
         n = int(cfg["target_s"] * 1e9 / max(t1, 1))
         n = max(cfg["n_min"], min(cfg["n_max"], n))
-        res["n"][str(size)] = n
+        # slow rows (small batches through a thread) get fewer batches, so one
+        # measurement stays near target_s whatever the row costs per batch
+        nrow = {}
+        for row in rows:
+            if row in (LIM1, LIM2):
+                nrow[row] = n
+                continue
+            npilot = max(2, min(n, 20))
+            per = _one(row, src, dst, npilot, cfg["depth"], prefetch) / npilot
+            nrow[row] = max(cfg["n_min"], min(n, int(cfg["target_s"] * 1e9 / max(per, 1))))
+        res["n"][str(size)] = nrow
         prog.tick()
         samples = {r: [] for r in rows}
         for rep in range(cfg["reps"]):
             for row in U.rotate(rows, rep + size):
                 prog.set(f"copy {U.human_bytes(size)}: {row[:32]}")
-                t = _one(row, src, dst, n, cfg["depth"], prefetch)
-                samples[row].append(size * n / t)  # bytes/ns == GB/s
+                t = _one(row, src, dst, nrow[row], cfg["depth"], prefetch)
+                samples[row].append(size * nrow[row] / t)  # bytes/ns == GB/s
                 prog.tick()
         for row in rows:
             res["rows"][row][str(size)] = dict(U.summary(samples[row]), samples=samples[row])

@@ -12,13 +12,17 @@ a ``device=``, and importing it registers the hooks.
 import copy
 import ctypes
 import threading
+import warnings
 import weakref
 
 import numpy as np
 
 try:
-    import mxnet as mx
-    from mxnet.base import _LIB, check_call
+    with warnings.catch_warnings():
+        # mxnet 1.9.1 touches np.bool at import: a DeprecationWarning on numpy 1.23.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import mxnet as mx
+        from mxnet.base import _LIB, check_call
 except (ImportError, OSError, AttributeError) as _exc:
     # AttributeError: mxnet 1.9.1 uses aliases that numpy 1.24 removed (np.bool).
     raise ImportError(
@@ -138,7 +142,17 @@ def _device_finisher(device):
             nd.wait_to_read()  # ctypes call: the GIL is released while it waits
         return out
 
+    # For the core's close(), after it dropped the queued batches: SPEC §5 wants
+    # the engine synchronised (device memory returned) before close() returns.
+    finish.close = _engine_sync
     return finish
+
+
+def _engine_sync():
+    """Wait until the engine has run every pending op, frees included (a dropped
+    NDArray's memory is freed by an engine op, and a pool block behind one is
+    released only then).  Never call it from an engine callback or a finalizer."""
+    mx.nd.waitall()
 
 
 _ring.register_leaf(mx.nd.NDArray, _copy_ndarray)
@@ -227,12 +241,14 @@ class _Feed:
             self.taken += 1
             self.cond.notify_all()
 
-    def stop(self):
-        """No round starts after this returns; waits for one in progress."""
+    def stop(self, wait=False):
+        """No round starts after this; with ``wait``, also waits for the round
+        in progress (reset() needs the iterators quiet; close() must not wait
+        on a stuck source, the prefetcher's close() bounds that)."""
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
-            while self.in_round:
+            while wait and self.in_round:
                 self.cond.wait(0.1)
 
     def top_up(self):
@@ -357,7 +373,7 @@ class PrefetchingIter(mx.io.DataIter):
         self._check_open()
         feed, pf = self._feed, self._pf
         self._finalizer.detach()
-        feed.stop()
+        feed.stop(wait=True)
         pf.close()
         feed.top_up()
         for it in self.iters:
@@ -385,15 +401,19 @@ class PrefetchingIter(mx.io.DataIter):
         raise StopIteration
 
     def getdata(self):
+        self._check_open()
         return self.current_batch.data
 
     def getlabel(self):
+        self._check_open()
         return self.current_batch.label
 
     def getindex(self):
+        self._check_open()
         return self.current_batch.index
 
     def getpad(self):
+        self._check_open()
         return self.current_batch.pad
 
     def stats(self):
@@ -401,11 +421,14 @@ class PrefetchingIter(mx.io.DataIter):
         return self._pf.stats()
 
     def close(self):
-        """Stop prefetching and release what was prefetched; idempotent."""
+        """Stop prefetching, drop what was prefetched, and wait for the engine to
+        free it (SPEC §5); idempotent.  Batches the caller holds stay valid."""
         if self._closed:
             return
         self._closed = True
+        self.current_batch = None
         self._finalizer()
+        _engine_sync()
 
     def __enter__(self):
         return self
@@ -414,9 +437,12 @@ class PrefetchingIter(mx.io.DataIter):
         self.close()
 
     def __del__(self):
-        # mx's class is told to be freed with an explicit __del__(); keep that working.
-        if getattr(self, "_finalizer", None) is not None:
-            self.close()
+        # Scripts free mx's class with an explicit __del__(); keep that working.
+        # No engine sync here: the GC may run this on an engine callback thread.
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            self.current_batch = None
+            self._finalizer()
 
     def __repr__(self):
         state = "closed" if self._closed else "open"

@@ -1,0 +1,120 @@
+# Declarations for the compiled core: the C in csrc/ (no Python there) and the
+# layouts of the cdef classes in _ring.pyx. Every extern is nogil so it can be
+# called inside `with nogil`.
+from libc.stdint cimport int64_t, uint64_t
+
+cdef extern from "pf_sync.h" nogil:
+    enum:
+        PF_OK
+        PF_ETIMEDOUT
+        PF_ECLOSED
+        PF_ENOMEM
+        PF_EINVAL
+        PF_ESYS
+    int64_t pf_now_ns()
+    unsigned pf_fork_epoch()
+
+cdef extern from "pf_ring.h" nogil:
+    ctypedef struct pf_ring:
+        pass
+    int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes)
+    void pf_ring_fini(pf_ring *r)
+    int pf_ring_try_reserve(pf_ring *r, uint64_t nbytes, uint64_t *slot)
+    int pf_ring_wait_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns)
+    void pf_ring_publish(pf_ring *r, uint64_t nbytes)
+    int pf_ring_try_acquire(pf_ring *r, uint64_t *slot)
+    int pf_ring_wait_acquire(pf_ring *r, int64_t timeout_ns)
+    void pf_ring_release(pf_ring *r)
+    uint64_t pf_ring_fill(pf_ring *r)
+    void pf_ring_close(pf_ring *r)
+
+cdef extern from "pf_pool.h" nogil:
+    ctypedef struct pf_block:
+        size_t capacity
+        void *data
+    ctypedef struct pf_pool:
+        pass
+    ctypedef struct pf_pool_stats:
+        uint64_t blocks_allocated
+        uint64_t blocks_reused
+        uint64_t blocks_freed
+        uint64_t blocks_out
+        uint64_t free_bytes
+    pf_pool *pf_pool_new(size_t keep_bytes)
+    void pf_pool_set_keep(pf_pool *p, size_t keep_bytes)
+    pf_block *pf_pool_get(pf_pool *p, size_t nbytes)
+    void pf_pool_put(pf_block *b)
+    void pf_pool_close(pf_pool *p)
+    pf_pool_stats pf_pool_get_stats(pf_pool *p)
+
+cdef extern from "pf_copy.h" nogil:
+    ctypedef struct pf_copy_job:
+        void *dst
+        const void *src
+        size_t nbytes
+    ctypedef struct pf_copier:
+        pass
+    int pf_copier_init(pf_copier *c, int nhelpers)
+    void pf_copier_fini(pf_copier *c)
+    void pf_copy_run(pf_copier *c, const pf_copy_job *jobs, size_t njobs)
+
+
+cdef class _Block:
+    # Owns one pool block; it is the numpy `base` of the array copied into it,
+    # so the block goes back to the pool when the last view is collected.
+    cdef pf_block *blk
+
+
+cdef class _TreeMap:
+    # Rebuilds a batch (tuple/list/dict/namedtuple/dataclass/registered
+    # containers), replacing each leaf by self._leaf(leaf).
+    cpdef object walk(self, object obj)
+    cdef object _walk_other(self, object obj, int kind, object handler)
+    cdef object _leaf(self, object obj, int kind, object handler)
+
+
+cdef class _Core(_TreeMap):
+    # The ring, its slots, the pool and the fetch thread's state. Worker
+    # threads reference only this object, never the user-facing Prefetcher.
+    cdef pf_ring _ring
+    cdef pf_pool *_pool            # NULL after close; blocks out keep it alive in C
+    cdef pf_copier _copier
+    cdef bint _ring_ok             # _ring initialised (fini in __dealloc__)
+    cdef bint _copier_ok           # _copier threads running (fini by the fetch thread)
+    cdef unsigned _epoch           # pf_fork_epoch() at creation
+    cdef list _slots               # depth entries: batch, _Failure or _END
+    cdef object _source            # the iterator; next() only on the fetch thread
+    cdef object _finish            # None or callable(batch) -> batch (device pass)
+    cdef object _thread            # the fetch threading.Thread
+    cdef readonly object name
+    cdef readonly int depth
+    cdef readonly int workers
+    cdef uint64_t _max_bytes       # 0: no cap
+    cdef readonly bint closed
+    cdef bint _ended               # the consumer saw the end (or the error)
+    # fetch-thread state, for TimeoutError messages
+    cdef int _doing
+    cdef uint64_t _batch_no
+    # per-batch copy plan, reused between batches
+    cdef pf_copy_job *_jobs
+    cdef size_t _njobs
+    cdef size_t _jobs_cap
+    cdef list _strided             # (out, src) pairs copied by numpy
+    cdef uint64_t _batch_bytes
+    cdef uint64_t _max_batch_bytes
+    # counters (each written by one thread, read under the GIL)
+    cdef uint64_t _produced
+    cdef uint64_t _consumed
+    cdef uint64_t _bytes_copied
+    cdef int64_t _consumer_wait_ns
+    cdef int64_t _producer_wait_ns
+    cdef uint64_t _peak_fill
+    cdef pf_pool_stats _final_pool_stats   # snapshot taken at close
+
+    cdef object _copy_array(self, object a)
+    cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *
+    cdef object _copy_batch(self, object item)
+    cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1
+    cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
+    cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
+    cdef _check_usable(self)

@@ -1,0 +1,46 @@
+"""Small public types shared by the compiled core and the Python layer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ClosedError(RuntimeError):
+    """``next()`` was called on a prefetcher after ``close()`` (SPEC §2).
+
+    A loop over a closed prefetcher must fail loudly, never end early.
+    """
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of a prefetcher's counters, taken by ``Prefetcher.stats()``.
+
+    Attributes
+    ----------
+    produced, consumed : int
+        Batches published by the fetch thread / handed to the consumer.
+    bytes_copied : int
+        Bytes of array data copied.
+    consumer_wait_s : float
+        Time the consumer spent waiting for a batch (the producer is the bottleneck).
+    producer_wait_s : float
+        Time the fetch thread spent waiting for room (the consumer is the bottleneck).
+    fill, peak_fill : int
+        Batches ready now / at most so far; never above ``depth``.
+    depth : int
+        The prefetcher's depth.
+    blocks_allocated, blocks_reused : int
+        Pool blocks freshly allocated / served again from the pool. In a steady
+        state only ``blocks_reused`` grows.
+    """
+
+    produced: int
+    consumed: int
+    bytes_copied: int
+    consumer_wait_s: float
+    producer_wait_s: float
+    fill: int
+    peak_fill: int
+    depth: int
+    blocks_allocated: int
+    blocks_reused: int

@@ -1,0 +1,142 @@
+"""``Prefetcher``: the user-facing iterator over the compiled core.
+
+This layer owns what users touch: argument checks, ``repr``, the context
+manager and the finalizer. The fetch thread references only the inner
+``_Core``, so dropping the last reference to a ``Prefetcher`` runs its
+finalizer at once, which closes the core and joins the thread (SPEC §5).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+import weakref
+from typing import Any, Iterable, Iterator, Optional
+
+from prefetch._ring import _Core
+from prefetch._types import Stats
+
+_names = itertools.count(1)
+
+
+def _check_int(arg: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{arg} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{arg} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_timeout(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, got {value!r} ({type(value).__name__})")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class Prefetcher:
+    """Produce the batches of ``source`` ahead of the consumer, as fresh copies.
+
+    Parameters
+    ----------
+    source : iterable
+        Any iterable of batches; ``iter(source)`` is called once, here.
+    depth : int, default 4
+        Batches produced ahead of the consumer (>= 1).
+    workers : int, default 1
+        Threads that copy; ``next(source)`` stays serialized and in order, the
+        extra workers split the copying of large batches.
+    device : MXNet context or None
+        Deliver batches as NDArrays on this context (needs ``prefetch.mx``).
+    timeout : float or None
+        Longest wait for one batch in ``next()``; past it ``TimeoutError``.
+    max_bytes : int or None
+        Cap on the bytes of the batches waiting in the ring.
+    name : str or None
+        Shown in ``repr``, errors and the worker thread's name.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument, naming it and the value given.
+    """
+
+    _core: Optional[_Core] = None   # set last: close() works on a half-built object
+
+    def __init__(self, source: Iterable[Any], depth: int = 4, *, workers: int = 1,
+                 device: Any = None, timeout: Optional[float] = None,
+                 max_bytes: Optional[int] = None, name: Optional[str] = None) -> None:
+        depth = _check_int("depth", depth, 1)
+        workers = _check_int("workers", workers, 1)
+        self._timeout = _check_timeout(timeout)
+        cap = 0 if max_bytes is None else _check_int("max_bytes", max_bytes, 1)
+        if name is None:
+            name = f"prefetch-{next(_names)}"
+        elif not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {name!r} ({type(name).__name__})")
+        try:
+            iterator = iter(source)
+        except TypeError:
+            raise TypeError(f"source must be iterable, got {source!r} ({type(source).__name__})") from None
+        finish = None
+        if device is not None:
+            from prefetch.mx import _device_finisher
+            finish = _device_finisher(device)
+        self._source = source
+        self._device = device
+        core = _Core(iterator, depth, workers, cap, name, finish)
+        self._finalizer = weakref.finalize(self, core.close)
+        self._core = core
+        core.start()
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self) -> Any:
+        if self._core is None:
+            raise ValueError("Prefetcher.__init__ did not complete")
+        return self._core.take(self._timeout)
+
+    def __len__(self) -> int:
+        try:
+            return len(self._source)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"the source of {self._core.name!r} ({type(self._source).__name__}) "
+                            "has no len()") from None
+
+    def close(self) -> None:
+        """Stop the workers, drop unconsumed batches and free the buffers.
+
+        Idempotent and safe from any thread. Batches the user still holds stay
+        valid; their memory is freed when they are collected.
+        """
+        core = self._core
+        if core is not None:
+            core.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` has run."""
+        return self._core is None or self._core.closed
+
+    def stats(self) -> Stats:
+        """A frozen snapshot of the counters (see ``prefetch.Stats``)."""
+        if self._core is None:
+            raise ValueError("Prefetcher.__init__ did not complete")
+        return Stats(**self._core.stats())
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        core = self._core
+        if core is None:
+            return "<Prefetcher (not constructed)>"
+        return (f"<Prefetcher name={core.name!r} depth={core.depth} workers={core.workers} "
+                f"fill={core.fill} state={core.state}>")
