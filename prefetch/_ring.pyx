@@ -317,7 +317,10 @@ cdef class _Core(_TreeMap):
                     pf_copier_fini(&self._copier)
 
     def _fail(self, uint64_t slot, exc, uint64_t n, what):
-        _add_note(exc, f"raised in prefetch worker {self.name!r} while {what} batch {n}")
+        try:
+            _add_note(exc, f"raised in prefetch worker {self.name!r} while {what} batch {n}")
+        except Exception:
+            pass  # an exception type that refuses notes is still delivered
         self._publish(slot, _Failure(exc), 0, False)
 
     cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1:
@@ -481,11 +484,13 @@ cdef class _Core(_TreeMap):
                     raise TimeoutError(
                         f"no batch from prefetcher {self.name!r} within {timeout} s; its "
                         f"worker is {_DOING[self._doing]} (batch {self._batch_no})")
-                if self._doing == DOING_DONE and not (self._thread and self._thread.is_alive()):
+                if self._thread is None or not self._thread.is_alive():
+                    # The worker publishes before it exits; re-check once so
+                    # a batch published just before its exit is not missed.
                     if pf_ring_try_acquire(&self._ring, &slot) == PF_OK:
                         return slot
-                    raise RuntimeError(f"the worker of prefetcher {self.name!r} exited "
-                                       "without finishing the stream")
+                    raise RuntimeError(f"the worker of prefetcher {self.name!r} is not running "
+                                       "(it died or never started); no batch can come")
         finally:
             self._consumer_wait_ns += pf_now_ns() - t0
 

@@ -1,0 +1,52 @@
+"""Shared fixtures: every test must leave no thread behind, and must fail
+rather than hang (pytest-timeout, set in pyproject.toml, plus faulthandler)."""
+import faulthandler
+import gc
+import os
+import random
+import sys
+import threading
+
+import pytest
+
+faulthandler.enable()
+
+
+@pytest.fixture(autouse=True)
+def no_thread_leak():
+    """SPEC §5: closing or dropping a prefetcher leaves no thread running."""
+    before = set(threading.enumerate())
+    yield
+    gc.collect()
+    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    for t in leaked:
+        t.join(5)  # a close() that returned has already stopped it; this only bounds a failure
+    leaked = [t.name for t in leaked if t.is_alive()]
+    assert not leaked, f"threads left running: {leaked}"
+
+
+class Rand(random.Random):
+    """A seeded Random whose repr shows the seed, so a failure can be replayed
+    with PREFETCH_SEED=<seed>."""
+
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.seed_value = seed
+
+    def __repr__(self):
+        return f"Rand(seed={self.seed_value})"
+
+
+@pytest.fixture
+def rand():
+    seed = int(os.environ.get("PREFETCH_SEED", random.randrange(2**32)))
+    print(f"PREFETCH_SEED={seed}", file=sys.stderr)
+    return Rand(seed)
+
+
+def run_python(code, timeout=60, env=None):
+    """Run `code` in a fresh interpreter; returns CompletedProcess (text)."""
+    import subprocess
+    full_env = dict(os.environ, PYTHONFAULTHANDLER="1", **(env or {}))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
