@@ -85,7 +85,9 @@ class Prefetcher:
         if device is not None:
             from prefetch.mx import _device_finisher
             finish = _device_finisher(device)
-        self._source = source
+        # Kept only to answer len(): holding a generator would keep its last
+        # batch alive after close().
+        self._sized_source = source if hasattr(type(source), "__len__") else None
         self._device = device
         core = _Core(iterator, depth, workers, cap, name, finish)
         self._finalizer = weakref.finalize(self, core.close)
@@ -101,11 +103,9 @@ class Prefetcher:
         return self._core.take(self._timeout)
 
     def __len__(self) -> int:
-        try:
-            return len(self._source)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"the source of {self._core.name!r} ({type(self._source).__name__}) "
-                            "has no len()") from None
+        if self._sized_source is None:
+            raise TypeError(f"the source of prefetcher {self._core.name!r} has no len()")
+        return len(self._sized_source)
 
     def close(self) -> None:
         """Stop the workers, drop unconsumed batches and free the buffers.
