@@ -47,6 +47,8 @@ def rand():
 def run_python(code, timeout=60, env=None):
     """Run `code` in a fresh interpreter; returns CompletedProcess (text)."""
     import subprocess
+    import tempfile
     full_env = dict(os.environ, PYTHONFAULTHANDLER="1", **(env or {}))
+    # Not the checkout: its prefetch/ has no compiled core when installed non-editable.
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+                          timeout=timeout, env=full_env, cwd=tempfile.gettempdir())

@@ -1,7 +1,11 @@
 """prefetch.mx.PrefetchingIter against mx.io.PrefetchingIter (SPEC §6, §3, §4, §5)."""
 
 import gc
+import os
+import pathlib
 import random
+import subprocess
+import sys
 import threading
 import warnings
 import weakref
@@ -327,3 +331,38 @@ def test_patch_replaces_and_unpatch_restores():
         pmx.unpatch()
     assert mx.io.PrefetchingIter is original and mx.io.io.PrefetchingIter is original
     pmx.unpatch()  # no-op when not patched
+
+
+def test_exit_without_close_is_clean(tmp_path):
+    """§2/§5: a process that exits holding batches and an open iterator exits cleanly."""
+    script = tmp_path / "exit_open.py"
+    script.write_text(
+        "import mxnet as mx, prefetch.mx as pmx\n"
+        "x = mx.nd.ones((1000, 100))\n"
+        "it = pmx.PrefetchingIter(mx.io.NDArrayIter(x, mx.nd.ones(1000), 10), depth=4)\n"
+        "kept = [it.next() for _ in range(3)]\n"
+        "print('ok')\n")
+    root = str(pathlib.Path(prefetch.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    proc = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", str(script)],
+                          capture_output=True, text=True, timeout=50, cwd=tmp_path, env=env)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", "")
+
+
+def test_timeout_raises_and_loses_nothing():
+    """§2 timeout via §6: TimeoutError while the source is stuck; the stream then goes on."""
+    release = threading.Event()
+
+    class Stuck(RefillIter):
+        def next(self):
+            if self.k == 1:
+                assert release.wait(30), "test never released the source"
+            return super().next()
+
+    with pmx.PrefetchingIter(Stuck(n=3), depth=1, timeout=0.2) as it:
+        assert it.next().data[0].asnumpy()[0, 0] == 0.0
+        with pytest.raises(TimeoutError):
+            it.next()
+        release.set()
+        assert [b.data[0].asnumpy()[0, 0] for b in it] == [1.0, 2.0]
