@@ -5,6 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+static atomic_uint_fast64_t live_threads;
+
+uint64_t pf_copier_live_threads(void) {
+    return atomic_load_explicit(&live_threads, memory_order_relaxed);
+}
+
 /* Copies bytes [lo, hi) of the concatenation of all jobs. */
 static void copy_range(const pf_copy_job *jobs, size_t njobs, size_t lo, size_t hi) {
     size_t start = 0;
@@ -75,6 +81,7 @@ int pf_copier_init(pf_copier *c, int nhelpers) {
             return PF_ESYS;
         }
         c->nhelpers++;
+        atomic_fetch_add_explicit(&live_threads, 1, memory_order_relaxed);
     }
     return PF_OK;
 }
@@ -84,7 +91,10 @@ void pf_copier_fini(pf_copier *c) {
     c->stopping = 1;
     pf_sync_broadcast(&c->sync);
     pf_sync_unlock(&c->sync);
-    for (int i = 0; i < c->nhelpers; i++) pthread_join(c->helpers[i], NULL);
+    for (int i = 0; i < c->nhelpers; i++) {
+        pthread_join(c->helpers[i], NULL);
+        atomic_fetch_sub_explicit(&live_threads, 1, memory_order_relaxed);
+    }
     free(c->helpers);
     c->helpers = NULL;
     c->nhelpers = 0;

@@ -46,6 +46,8 @@ typedef struct pf_copier {
 int pf_copier_init(pf_copier *c, int nhelpers);
 // Stops and joins the helpers. Not in a forked child: there they do not exist.
 void pf_copier_fini(pf_copier *c);
+// Process-wide: helper threads started and not yet joined (leak checks).
+uint64_t pf_copier_live_threads(void);
 // Copies every job; returns when all bytes are in place.
 void pf_copy_run(pf_copier *c, const pf_copy_job *jobs, size_t njobs);
 

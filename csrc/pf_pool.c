@@ -8,6 +8,14 @@
 /* The header sits in the first cache line; data starts on the next one. */
 #define HEADER_BYTES PF_CACHELINE
 
+/* Process-wide leak counters; relaxed: only read when the threads are quiet. */
+static atomic_uint_fast64_t live_pools, live_blocks;
+
+void pf_pool_live(uint64_t *pools, uint64_t *blocks) {
+    *pools = atomic_load_explicit(&live_pools, memory_order_relaxed);
+    *blocks = atomic_load_explicit(&live_blocks, memory_order_relaxed);
+}
+
 /* Size classes: class 0 is 64 bytes; above that each power-of-two range
  * (2^e, 2^(e+1)] is cut into 4 equal steps. */
 static unsigned size_class(size_t n, size_t *capacity) {
@@ -37,17 +45,22 @@ pf_pool *pf_pool_new(size_t keep_bytes) {
     }
     p->keep_bytes = keep_bytes;
     atomic_init(&p->refs, 1);
+    atomic_fetch_add_explicit(&live_pools, 1, memory_order_relaxed);
     p->epoch = pf_fork_epoch();
     return p;
 }
 
-static void block_free(pf_block *b) { free(b); }
+static void block_free(pf_block *b) {
+    atomic_fetch_sub_explicit(&live_blocks, 1, memory_order_relaxed);
+    free(b);
+}
 
 static void pool_unref(pf_pool *p) {
     /* acq_rel: every put's writes happen before the last one frees the pool. */
     if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1) {
         pf_sync_fini(&p->sync);
         free(p);
+        atomic_fetch_sub_explicit(&live_pools, 1, memory_order_relaxed);
     }
 }
 
@@ -79,6 +92,7 @@ pf_block *pf_pool_get(pf_pool *p, size_t nbytes) {
         void *mem = NULL;
         if (cap > SIZE_MAX - HEADER_BYTES || posix_memalign(&mem, PF_CACHELINE, HEADER_BYTES + cap) != 0)
             return NULL;
+        atomic_fetch_add_explicit(&live_blocks, 1, memory_order_relaxed);
         b = mem;
         b->pool = p;
         b->capacity = cap;

@@ -60,6 +60,8 @@ void pf_pool_put(pf_block *b);
 void pf_pool_close(pf_pool *p);
 // A consistent snapshot of the counters.
 pf_pool_stats pf_pool_get_stats(pf_pool *p);
+// Process-wide: pools not yet freed, blocks not yet freed (leak checks in tests).
+void pf_pool_live(uint64_t *pools, uint64_t *blocks);
 // The capacity pf_pool_get(nbytes) hands out (exposed for tests).
 size_t pf_pool_class_capacity(size_t nbytes);
 

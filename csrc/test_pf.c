@@ -304,6 +304,9 @@ int main(int argc, char **argv) {
     run_fuzz(1, 0, 0, n, seed);
     run_fuzz(4, 0, 1, n, seed + 1);
     run_fuzz(3, 1 << 20, 2, n, seed + 2);
+    uint64_t pools, blocks;
+    pf_pool_live(&pools, &blocks);
+    CHECK(pools == 0 && blocks == 0 && pf_copier_live_threads() == 0);
     printf("test_pf: ok\n");
     return 0;
 }

@@ -46,6 +46,7 @@ cdef extern from "pf_pool.h" nogil:
     void pf_pool_put(pf_block *b)
     void pf_pool_close(pf_pool *p)
     pf_pool_stats pf_pool_get_stats(pf_pool *p)
+    void pf_pool_live(uint64_t *pools, uint64_t *blocks)
 
 cdef extern from "pf_copy.h" nogil:
     ctypedef struct pf_copy_job:
@@ -57,6 +58,7 @@ cdef extern from "pf_copy.h" nogil:
     int pf_copier_init(pf_copier *c, int nhelpers)
     void pf_copier_fini(pf_copier *c)
     void pf_copy_run(pf_copier *c, const pf_copy_job *jobs, size_t njobs)
+    uint64_t pf_copier_live_threads()
 
 
 cdef class _Block:

@@ -73,6 +73,16 @@ cdef class _Failure:
 
 
 cdef object _END = object()        # the slot after the last batch
+cdef Py_ssize_t _live_cores = 0    # _Core objects not yet deallocated
+
+
+def _live_counts():
+    """What is alive process-wide: cores, pools, pool blocks, copy helper
+    threads. Tests check these return to their baseline (leak checks)."""
+    cdef uint64_t pools, blocks
+    pf_pool_live(&pools, &blocks)
+    return dict(cores=_live_cores, pools=pools, blocks=blocks,
+                copy_threads=pf_copier_live_threads())
 
 
 class _Closing(Exception):
@@ -230,6 +240,8 @@ def map_leaves(fn, tree):
 @cython.final
 cdef class _Core(_TreeMap):
     def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, finish):
+        global _live_cores
+        _live_cores += 1
         self._ring_ok = False
         self._copier_ok = False
         self._pool = NULL
@@ -253,6 +265,8 @@ cdef class _Core(_TreeMap):
         self._copier_ok = True
 
     def __dealloc__(self):
+        global _live_cores
+        _live_cores -= 1
         if self._epoch != pf_fork_epoch():
             # Forked child: the parent's threads are gone and its locks may be
             # held. Touch nothing; leaking a few structs beats a deadlock.

@@ -13,16 +13,23 @@ faulthandler.enable()
 
 
 @pytest.fixture(autouse=True)
-def no_thread_leak():
-    """SPEC §5: closing or dropping a prefetcher leaves no thread running."""
-    before = set(threading.enumerate())
+def no_leaks():
+    """SPEC §5: after each test no thread, core, pool, block or copy helper
+    outlives its prefetcher (the counters come from the compiled core)."""
+    from prefetch._ring import _live_counts
+
+    gc.collect()
+    threads_before = set(threading.enumerate())
+    counts_before = _live_counts()
     yield
     gc.collect()
-    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
     for t in leaked:
         t.join(5)  # a close() that returned has already stopped it; this only bounds a failure
     leaked = [t.name for t in leaked if t.is_alive()]
     assert not leaked, f"threads left running: {leaked}"
+    gc.collect()
+    assert _live_counts() == counts_before
 
 
 class Rand(random.Random):
