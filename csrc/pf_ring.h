@@ -14,6 +14,12 @@
 
 #include "pf_sync.h"
 
+enum { PF_PRODUCER = 0, PF_CONSUMER = 1 };
+
+/* Default cap on the spin of a wait before it sleeps: a few fills or drains
+ * of a ring of tiny batches, short against any real batch. */
+#define PF_RING_SPIN_NS (200 * 1000)
+
 typedef struct pf_ring {
     /* Producer-owned line: head is the count of published slots. */
     PF_ALIGNED _Atomic uint64_t head;
@@ -27,12 +33,16 @@ typedef struct pf_ring {
     uint64_t *slot_bytes;     /* bytes of each published slot, for the byte cap */
     _Atomic uint64_t bytes;   /* bytes in published, unreleased slots */
     _Atomic int closed;
-    _Atomic int sleepers;     /* threads inside a wait_*: wakers lock only if > 0 */
+    _Atomic int sleepers;     /* threads asleep in a wait_*: wakers lock only if > 0 */
+    _Atomic int parked[2];    /* [PF_PRODUCER], [PF_CONSUMER]: that side is inside a wait_* */
+    int64_t spin_ns;          /* most a wait_* spins before it sleeps (0: never, e.g. one CPU) */
+    int64_t spin_budget[2];   /* per side, adaptive: grows when spins succeed, halves when not */
     pf_sync sync;
 } pf_ring;
 
+// spin_ns < 0 picks the default (PF_RING_SPIN_NS, 0 on one CPU).
 // Returns 0, PF_EINVAL (capacity 0) or PF_ENOMEM/PF_ESYS.
-int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes);
+int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes, int64_t spin_ns);
 void pf_ring_fini(pf_ring *r);
 
 // Producer. Returns 0 and the slot to fill when a slot is free and nbytes fit

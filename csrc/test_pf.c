@@ -37,8 +37,8 @@ static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
 static void test_ring_semantics(void) {
     pf_ring r;
     uint64_t slot;
-    CHECK(pf_ring_init(&r, 0, 0) == PF_EINVAL);
-    CHECK(pf_ring_init(&r, 3, 0) == PF_OK);
+    CHECK(pf_ring_init(&r, 0, 0, -1) == PF_EINVAL);
+    CHECK(pf_ring_init(&r, 3, 0, -1) == PF_OK);
     CHECK(pf_ring_try_acquire(&r, &slot) == PF_ETIMEDOUT);
     CHECK(pf_ring_wait_acquire(&r, 1 * MS) == PF_ETIMEDOUT);
     for (uint64_t i = 0; i < 3; i++) {
@@ -66,7 +66,7 @@ static void test_ring_semantics(void) {
 static void test_ring_max_bytes(void) {
     pf_ring r;
     uint64_t slot;
-    CHECK(pf_ring_init(&r, 4, 100) == PF_OK);
+    CHECK(pf_ring_init(&r, 4, 100, -1) == PF_OK);
     /* A batch bigger than the cap still goes through when the ring is empty. */
     CHECK(pf_ring_try_reserve(&r, 500, &slot) == PF_OK);
     pf_ring_publish(&r, 500);
@@ -233,11 +233,12 @@ static void *fuzz_returner(void *arg) {
     return NULL;
 }
 
-static void run_fuzz(uint64_t capacity, uint64_t max_bytes, int nhelpers, uint64_t n, uint64_t seed) {
+static void run_fuzz(uint64_t capacity, uint64_t max_bytes, int nhelpers, int64_t spin_ns, uint64_t n,
+                     uint64_t seed) {
     fuzz f = {0};
     f.n = n;
     f.seed = seed;
-    CHECK(pf_ring_init(&f.ring, capacity, max_bytes) == PF_OK);
+    CHECK(pf_ring_init(&f.ring, capacity, max_bytes, spin_ns) == PF_OK);
     CHECK((f.pool = pf_pool_new(8u << 20)) != NULL);
     CHECK(pf_copier_init(&f.copier, nhelpers) == PF_OK);
     CHECK(pf_sync_init(&f.ret_sync) == PF_OK);
@@ -277,7 +278,7 @@ static void test_close_wakes_waiters(void) {
     pf_ring r;
     uint64_t slot;
     pthread_t t;
-    CHECK(pf_ring_init(&r, 1, 0) == PF_OK);
+    CHECK(pf_ring_init(&r, 1, 0, -1) == PF_OK);
     pthread_create(&t, NULL, closer, &r);
     int64_t t0 = pf_now_ns();
     CHECK(pf_ring_wait_acquire(&r, 10000 * MS) == PF_ECLOSED);
@@ -301,9 +302,9 @@ int main(int argc, char **argv) {
     test_copier(0, &s);
     test_copier(1, &s);
     test_copier(3, &s);
-    run_fuzz(1, 0, 0, n, seed);
-    run_fuzz(4, 0, 1, n, seed + 1);
-    run_fuzz(3, 1 << 20, 2, n, seed + 2);
+    run_fuzz(1, 0, 0, 0, n, seed);            /* sleep-only waits */
+    run_fuzz(4, 0, 1, -1, n, seed + 1);       /* spin, then sleep */
+    run_fuzz(3, 1 << 20, 2, -1, n, seed + 2); /* with a byte cap */
     uint64_t pools, blocks;
     pf_pool_live(&pools, &blocks);
     CHECK(pools == 0 && blocks == 0 && pf_copier_live_threads() == 0);

@@ -17,7 +17,7 @@ cdef extern from "pf_sync.h" nogil:
 cdef extern from "pf_ring.h" nogil:
     ctypedef struct pf_ring:
         pass
-    int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes)
+    int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes, int64_t spin_ns)
     void pf_ring_fini(pf_ring *r)
     int pf_ring_try_reserve(pf_ring *r, uint64_t nbytes, uint64_t *slot)
     int pf_ring_wait_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns)
@@ -81,6 +81,7 @@ cdef class _Core(_TreeMap):
     cdef pf_ring _ring
     cdef pf_pool *_pool            # NULL after close; blocks out keep it alive in C
     cdef pf_copier _copier
+    cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef bint _ring_ok             # _ring initialised (fini in __dealloc__)
     cdef bint _copier_ok           # _copier threads running (fini by the fetch thread)
     cdef unsigned _epoch           # pf_fork_epoch() at creation

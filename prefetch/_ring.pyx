@@ -36,6 +36,15 @@ cdef int64_t WAIT_SLICE_NS = 50 * 1000 * 1000
 # costs more than the memcpy itself; numpy draws the same line.
 cdef size_t NOGIL_MIN_BYTES = 1 << 16
 CLOSE_GRACE_S = 2.0
+# How long a wait spins (without the GIL) before it sleeps; -1: the C default
+# (50 us, 0 on one CPU). Read when a prefetcher is created; bench/ compares.
+cdef int64_t _spin_ns = -1
+
+
+def set_spin_ns(int64_t ns):
+    """Spin budget for prefetchers created from now on (-1: default, 0: never spin)."""
+    global _spin_ns
+    _spin_ns = ns
 
 cdef enum Doing:
     DOING_START
@@ -242,7 +251,7 @@ cdef class _Core(_TreeMap):
     def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, finish):
         global _live_cores
         _live_cores += 1
-        self._ring_ok = False
+        self._counted = True
         self._copier_ok = False
         self._pool = NULL
         self._jobs = NULL
@@ -256,7 +265,7 @@ cdef class _Core(_TreeMap):
         self._slots = [None] * depth
         self._strided = []
         self._doing = DOING_START
-        _check_rc(pf_ring_init(&self._ring, depth, max_bytes), "the ring")
+        _check_rc(pf_ring_init(&self._ring, depth, max_bytes, _spin_ns), "the ring")
         self._ring_ok = True
         self._pool = pf_pool_new(0)
         if self._pool == NULL:
@@ -266,7 +275,8 @@ cdef class _Core(_TreeMap):
 
     def __dealloc__(self):
         global _live_cores
-        _live_cores -= 1
+        if self._counted:   # False when argument conversion failed before __cinit__ ran
+            _live_cores -= 1
         if self._epoch != pf_fork_epoch():
             # Forked child: the parent's threads are gone and its locks may be
             # held. Touch nothing; leaking a few structs beats a deadlock.

@@ -19,11 +19,18 @@ from prefetch._types import Stats
 _names = itertools.count(1)
 
 
-def _check_int(arg: str, value: Any, minimum: int) -> int:
+# Upper bounds: a ring slot per depth, a thread per worker; past these a
+# value is a mistake, not a configuration.
+MAX_DEPTH = 1 << 20
+MAX_WORKERS = 256
+MAX_BYTES = (1 << 63) - 1
+
+
+def _check_int(arg: str, value: Any, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{arg} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{arg} must be an int >= {minimum}, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{arg} must be an int >= {minimum} and <= {maximum}, got {value!r}")
     return int(value)
 
 
@@ -69,10 +76,10 @@ class Prefetcher:
     def __init__(self, source: Iterable[Any], depth: int = 4, *, workers: int = 1,
                  device: Any = None, timeout: Optional[float] = None,
                  max_bytes: Optional[int] = None, name: Optional[str] = None) -> None:
-        depth = _check_int("depth", depth, 1)
-        workers = _check_int("workers", workers, 1)
+        depth = _check_int("depth", depth, 1, MAX_DEPTH)
+        workers = _check_int("workers", workers, 1, MAX_WORKERS)
         self._timeout = _check_timeout(timeout)
-        cap = 0 if max_bytes is None else _check_int("max_bytes", max_bytes, 1)
+        cap = 0 if max_bytes is None else _check_int("max_bytes", max_bytes, 1, MAX_BYTES)
         if name is None:
             name = f"prefetch-{next(_names)}"
         elif not isinstance(name, str):

@@ -187,16 +187,16 @@ def test_non_iterable_source_fails_in_constructor():
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
-    ({"depth": 0}, ValueError, "depth must be an int >= 1, got 0"),
+    ({"depth": 0}, ValueError, "depth must be an int >= 1 and <= 1048576, got 0"),
     ({"depth": 2.0}, TypeError, "depth must be an int >= 1, got 2.0"),
     ({"depth": True}, TypeError, "depth .* got True"),
-    ({"workers": 0}, ValueError, "workers must be an int >= 1, got 0"),
+    ({"workers": 0}, ValueError, "workers must be an int >= 1 and <= 256, got 0"),
     ({"workers": "2"}, TypeError, "workers .* got '2'"),
     ({"timeout": 0}, ValueError, "timeout must be .* got 0"),
     ({"timeout": -1.5}, ValueError, "timeout .* got -1.5"),
     ({"timeout": float("nan")}, ValueError, "timeout .* got nan"),
     ({"timeout": "1"}, TypeError, "timeout .* got '1'"),
-    ({"max_bytes": 0}, ValueError, "max_bytes must be an int >= 1, got 0"),
+    ({"max_bytes": 0}, ValueError, "max_bytes must be an int >= 1 and <= 9223372036854775807, got 0"),
     ({"max_bytes": 1.5}, TypeError, "max_bytes .* got 1.5"),
     ({"name": 3}, TypeError, "name must be a str or None, got 3"),
 ])
