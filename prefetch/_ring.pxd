@@ -89,6 +89,7 @@ cdef class _Core(_TreeMap):
     cdef object _source            # the iterator; next() only on the fetch thread
     cdef object _finish            # None or callable(batch) -> batch (device pass)
     cdef object _thread            # the fetch threading.Thread
+    cdef object _worker_ident      # its threading.get_ident(), once it runs
     cdef readonly object name
     cdef readonly int depth
     cdef readonly int workers

@@ -298,6 +298,7 @@ cdef class _Core(_TreeMap):
     def _run(self):
         cdef uint64_t slot = 0
         cdef uint64_t n = 0
+        self._worker_ident = threading.get_ident()
         try:
             while True:
                 self._batch_no = n
@@ -491,6 +492,11 @@ cdef class _Core(_TreeMap):
         cdef int64_t t0 = pf_now_ns(), deadline = 0, wait_ns
         if timeout is not None:
             deadline = t0 + <int64_t>(float(timeout) * 1e9)
+        if threading.get_ident() == self._worker_ident:
+            # A source calling next() on its own prefetcher would wait for
+            # the one thread that can produce the batch: itself.
+            raise RuntimeError(f"next() on prefetcher {self.name!r} called from its own worker "
+                               "thread (inside next(source)); it would wait for itself forever")
         try:
             while True:
                 wait_ns = WAIT_SLICE_NS
