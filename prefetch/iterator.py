@@ -11,7 +11,7 @@ import itertools
 import math
 import numbers
 import weakref
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional, Sized
 
 from prefetch._ring import _Core
 from prefetch._types import Stats
@@ -29,9 +29,10 @@ MAX_BYTES = (1 << 63) - 1
 def _check_int(arg: str, value: Any, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{arg} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
-    if not minimum <= value <= maximum:
+    number = int(value)
+    if not minimum <= number <= maximum:
         raise ValueError(f"{arg} must be an int >= {minimum} and <= {maximum}, got {value!r}")
-    return int(value)
+    return number
 
 
 def _check_timeout(value: Any) -> Optional[float]:
@@ -39,9 +40,10 @@ def _check_timeout(value: Any) -> Optional[float]:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"timeout must be a number of seconds or None, got {value!r} ({type(value).__name__})")
-    if not (value > 0 and math.isfinite(value)):
+    seconds = float(value)
+    if not (seconds > 0 and math.isfinite(seconds)):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
+    return seconds
 
 
 class Prefetcher:
@@ -88,13 +90,13 @@ class Prefetcher:
             iterator = iter(source)
         except TypeError:
             raise TypeError(f"source must be iterable, got {source!r} ({type(source).__name__})") from None
-        finish = None
+        finish: Optional[Callable[[Any], Any]] = None
         if device is not None:
-            from prefetch.mx import _device_finisher
-            finish = _device_finisher(device)
+            from prefetch import mx   # needs MXNet; says what to install if it is missing
+            finish = mx._device_finisher(device)
         # Kept only to answer len(): holding a generator would keep its last
         # batch alive after close().
-        self._sized_source = source if hasattr(type(source), "__len__") else None
+        self._sized_source: Optional[Sized] = source if isinstance(source, Sized) else None
         self._device = device
         core = _Core(iterator, depth, workers, cap, name, finish)
         self._finalizer = weakref.finalize(self, core.close)
@@ -111,7 +113,7 @@ class Prefetcher:
 
     def __len__(self) -> int:
         if self._sized_source is None:
-            raise TypeError(f"the source of prefetcher {self._core.name!r} has no len()")
+            raise TypeError(f"the source of {self!r} has no len()")
         return len(self._sized_source)
 
     def close(self) -> None:
