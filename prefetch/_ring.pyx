@@ -23,6 +23,8 @@ from prefetch._types import ClosedError
 cnp.import_array()
 
 cdef extern from "numpy/arrayobject.h":
+    # dtype flag: the items hold references (object fields, StringDType).
+    enum: NPY_ITEM_REFCOUNT
     # Cython's numpy.pxd leaves this one out; it steals a reference to descr.
     object PyArray_NewFromDescr(object subtype, cnp.PyArray_Descr *descr, int nd,
                                 cnp.npy_intp *dims, cnp.npy_intp *strides, void *data,
@@ -415,7 +417,7 @@ cdef class _Core(_TreeMap):
         cdef size_t nbytes = <size_t>cnp.PyArray_NBYTES(a)
         cdef pf_block *blk
         cdef _Block base
-        if type(a) is not cnp.ndarray or a.dtype.hasobject:
+        if type(a) is not cnp.ndarray or a.descr.flags & NPY_ITEM_REFCOUNT:
             # Subclasses keep their type (and e.g. a mask); object and string
             # dtypes hold references that must be copied one by one, with the
             # GIL. numpy allocates these itself.
