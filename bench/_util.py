@@ -74,6 +74,47 @@ def rotate(seq, k):
     return list(seq[k:]) + list(seq[:k])
 
 
+# ------------------------------------------------------------- machine noise
+
+def cpu_snapshot():
+    """(wall s, machine busy s summed over CPUs, this process's CPU s incl. children)."""
+    busy = None
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        hz = os.sysconf("SC_CLK_TCK")
+        busy = (sum(v) - v[3] - (v[4] if len(v) > 4 else 0)) / hz  # all but idle and iowait
+    except (OSError, ValueError):
+        pass
+    t = os.times()
+    return time.perf_counter(), busy, t.user + t.system + t.children_user + t.children_system
+
+
+def others_cpu(a, b):
+    """Fraction of the machine's CPUs used by OTHER processes between two snapshots.
+
+    Above ~0.1 on a 2-core machine the figures are disturbed: a section that
+    needs both cores (two threads, memory bandwidth) gets fewer.
+    """
+    if a[1] is None or b[1] is None or b[0] <= a[0]:
+        return None
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / ((b[0] - a[0]) * ncpu))
+
+
+def wait_idle(max_wait_s, threshold=0.15, prog_print=None):
+    """Wait (at most max_wait_s) until other processes use < threshold of the CPUs over 1 s."""
+    t_end = time.perf_counter() + max_wait_s
+    while True:
+        a = cpu_snapshot()
+        time.sleep(1.0)
+        frac = others_cpu(a, cpu_snapshot())
+        if frac is None or frac < threshold or time.perf_counter() >= t_end:
+            return frac
+        if prog_print:
+            prog_print(f"machine busy: other processes use {frac:.0%} of the CPUs; waiting")
+
+
 # ------------------------------------------------------------------- progress
 
 class Progress:

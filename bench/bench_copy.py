@@ -4,7 +4,9 @@ The batch is one float32 array of the given size; the source hands out the same
 array every time (a source that refills one buffer in place). The limit rows are
 np.copyto into a preallocated array, on one thread and split in halves over two
 threads (each thread copies its half N times with no per-batch sync: the best
-two threads can do on this machine). Prefetcher rows count every byte the
+two threads can do on this machine). "depth+2 dsts in turn" copies into as many
+buffers as a prefetcher's pool cycles through: same cache footprint, no threads.
+Prefetcher rows count every byte the
 consumer received per second, hand-off included, in steady state (after a
 warm-up of depth+2 batches, as the limit rows copy into an existing buffer).
 "np.copy per batch" shows what
@@ -27,6 +29,7 @@ import _util as U  # noqa: E402
 
 LIM1 = "np.copyto 1 thread, reused dst (limit)"
 LIM2 = "np.copyto 2 threads, halves (limit)"
+ROT = "np.copyto 1 thread, depth+2 dsts in turn"
 FRESH = "np.copy, fresh array per batch"
 QCOPY = "queue.Queue thread + np.copy"
 OURS1 = "prefetch.Prefetcher workers=1"
@@ -45,7 +48,7 @@ def default_cfg(quick=False):
 
 
 def _make_rows():
-    rows = [LIM1, LIM2, FRESH, QCOPY]
+    rows = [LIM1, LIM2, ROT, FRESH, QCOPY]
     skipped = {}
     prefetch, why = U.load_prefetch()
     if prefetch is not None:
@@ -60,6 +63,19 @@ def _copyto_1t(src, dst, n):
         t0 = U.ns()
         for _ in range(n):
             np.copyto(dst, src)
+        return U.ns() - t0
+
+
+_ROT = {}
+
+
+def _copyto_rot(src, dsts, n):
+    """Like a pool of depth+2 blocks used in turn: the same cache footprint as a prefetcher."""
+    k = len(dsts)
+    with U.no_gc():
+        t0 = U.ns()
+        for i in range(n):
+            np.copyto(dsts[i % k], src)
         return U.ns() - t0
 
 
@@ -132,6 +148,12 @@ def _one(row, src, dst, n, depth, prefetch):
         return _copyto_1t(src, dst, n)
     if row == LIM2:
         return _copyto_2t(src, dst, n)
+    if row == ROT:
+        key = (id(src), depth)
+        if key not in _ROT:  # made once per size, outside the timing
+            _ROT.clear()
+            _ROT[key] = [dst] + [np.copy(src) for _ in range(depth + 1)]
+        return _copyto_rot(src, _ROT[key], n)
     if row == FRESH:
         return _fresh(src, n)
     if row == QCOPY:
@@ -165,7 +187,7 @@ def run(cfg, prog=None):
         # measurement stays near target_s whatever the row costs per batch
         nrow = {}
         for row in rows:
-            if row in (LIM1, LIM2):
+            if row in (LIM1, LIM2, ROT):
                 nrow[row] = n
                 continue
             npilot = max(2, min(n, 20))
@@ -185,6 +207,7 @@ def run(cfg, prog=None):
         for a, b in ratio_keys:
             res["ratios"].setdefault(f"{a} / {b}", {})[str(size)] = U.summary(
                 [x / y for x, y in zip(samples[a], samples[b])])
+        _ROT.clear()
         del src, dst
     tgt = {}
     big = [s for s in cfg["sizes"] if s >= cfg["target_min_size"]]

@@ -35,7 +35,7 @@ def default_cfg(quick=False):
         "depths": [1, 4, 16] if quick else [1, 2, 4, 16, 64],
         "reps": 3 if quick else 7,
         "target_s": 0.06 if quick else 0.25,  # per measurement, sets N per row
-        "n_min": 500 if quick else 2000,
+        "n_min": 200 if quick else 300,
         "n_max": 20000 if quick else 100000,
         "target_depth": 4,
     }

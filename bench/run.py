@@ -61,12 +61,15 @@ def _targets_lines(targets):
             val = f"worst {t['worst_ratio']:.2f} at {U.human_bytes(t['worst_size'])}"
         elif "worst" in t:
             val = f"worst {t['worst']:.3f} ({t['worst_case']})"
+            if t.get("inrun_worst") is not None:
+                val += f"; in-run P,C: worst {t['inrun_worst']:.3f}"
         elif "by_size" in t:
-            val = ", ".join(f"{U.human_bytes(int(s))}: {v:.1f}" if v is not None else f"{s}: n/a"
-                            for s, v in t["by_size"].items())
+            late = t.get("late_pool_blocks_by_size") or {}
+            val = ", ".join((f"{U.human_bytes(int(s))}: {v:.1f}" + (f" ({late[s]} late block)" if late.get(s) else ""))
+                            if v is not None else f"{s}: n/a" for s, v in t["by_size"].items())
         else:
             val = t.get("why") or ""
-        rows.append([text, verdict, val[:70]])
+        rows.append([text, verdict, val[:90]])
     return ["Targets (issue 4; ratios from this run):"] + U.table_lines(["target", "verdict", "measured"], rows)
 
 
@@ -82,6 +85,8 @@ def main(argv=None):
     ap.add_argument("--sizes", type=lambda s: [U.parse_size(x) for x in s.split(",")],
                     help="copy sizes, e.g. 64k,1m,16m,256m")
     ap.add_argument("--no-mx", action="store_true", help="leave MXNet rows out even when it imports")
+    ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
+                    help="before each section, wait up to S s for other processes to go quiet")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
@@ -116,17 +121,22 @@ def main(argv=None):
     prog = U.Progress(total, enabled=not a.no_progress)
     t_start = time.perf_counter()
     result = {"quick": a.quick, "argv": sys.argv[1:] if argv is None else argv, "env": env,
-              "config": cfgs, "sections": {}, "errors": {}, "section_wall_s": {}}
+              "config": cfgs, "sections": {}, "errors": {}, "section_wall_s": {}, "others_cpu": {}}
     for i, s in enumerate(wanted, 1):
         if prog._bar is None or getattr(prog._bar, "disable", False):
             print(f"[{i}/{len(wanted)}] {s} ...", file=sys.stderr, flush=True)
+        if a.wait_idle > 0:
+            prog.set(f"waiting for a quiet machine before {s}")
+            U.wait_idle(a.wait_idle)
         t0 = time.perf_counter()
+        snap = U.cpu_snapshot()
         try:
             result["sections"][s] = SECTIONS[s].run(cfgs[s], prog)
         except Exception:
             result["errors"][s] = traceback.format_exc()
             print(f"\nsection {s} failed:\n{result['errors'][s]}", file=sys.stderr)
         result["section_wall_s"][s] = round(time.perf_counter() - t0, 1)
+        result["others_cpu"][s] = U.others_cpu(snap, U.cpu_snapshot())
     prog.close()
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
 
@@ -146,6 +156,11 @@ def main(argv=None):
             lines += [f"[{s}] FAILED: " + result["errors"][s].strip().splitlines()[-1], ""]
     lines += _targets_lines(targets)
     lines.append(f"wall time {result['wall_s']} s (" + ", ".join(f"{k} {v} s" for k, v in result["section_wall_s"].items()) + ")")
+    busy = {k: v for k, v in result["others_cpu"].items() if v is not None}
+    if busy:
+        lines.append("CPU share used by other processes during each section: "
+                     + ", ".join(f"{k} {v:.0%}" for k, v in busy.items())
+                     + ("  <- the machine was busy: figures disturbed" if max(busy.values()) > 0.1 else ""))
     text = "\n".join(lines)
     print(text)
 

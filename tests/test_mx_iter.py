@@ -190,6 +190,45 @@ def test_mid_epoch_reset_loses_and_duplicates_nothing():
     assert len(epoch) == 4 and epoch[0] == first[0]
 
 
+class CountingIter(RefillIter):
+    def __init__(self):
+        super().__init__(n=20)
+        self.pulls, self.pulls_at_reset = 0, []
+
+    def next(self):
+        self.pulls += 1
+        return super().next()
+
+    def reset(self):
+        self.pulls_at_reset.append(self.pulls)
+        super().reset()
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_reset_finds_sources_depth_batches_ahead(depth):
+    """§6: at reset() the sources were read exactly `depth` past what was taken (mx: 1)."""
+    src = CountingIter()
+    with pmx.PrefetchingIter(src, depth=depth) as it:
+        it.next()
+        it.next()
+        it.reset()
+        assert src.pulls_at_reset == [2 + depth]
+        assert it.next().data[0].asnumpy()[0, 0] == 0.0
+
+
+def test_reset_pulls_what_the_thread_had_not_yet(monkeypatch):
+    """§6: even when the fetch thread never got to run, reset() reads ahead as mx's does."""
+    # A feed that is never woken after a take: the thread cannot prefetch further,
+    # so reset() itself must read the sources up to `taken + depth`.
+    monkeypatch.setattr(pmx._Feed, "took_one",
+                        lambda self: setattr(self, "taken", self.taken + 1))
+    src = CountingIter()
+    with pmx.PrefetchingIter(src, depth=2) as it:
+        it.next()
+        it.reset()
+    assert src.pulls_at_reset == [3]
+
+
 def test_refilled_source_batches_stay_distinct_unlike_mx():
     """§3 rule 3 / §1: a source refilling one NDArray: mx's batches change, ours don't."""
     ref = mx_iter(RefillIter())
@@ -274,6 +313,8 @@ def test_bad_arguments_fail_at_construction():
         pmx.PrefetchingIter([])
     with pytest.raises(ValueError, match="depth"):
         pmx.PrefetchingIter(ndarray_iter(), depth=0)
+    with pytest.raises(TypeError, match="depth"):
+        pmx.PrefetchingIter(ndarray_iter(), depth="4")
     with pytest.raises(TypeError, match="device"):
         pmx.PrefetchingIter(ndarray_iter(), device="gpu0")
 

@@ -56,6 +56,13 @@ def test_refilled_ndarray_source_yields_distinct_batches():
     assert [b.asnumpy()[0, 0] for b in got] == list(range(8))
 
 
+def test_large_ndarrays_with_two_workers():
+    """§2 workers / §3: large NDArray leaves split across workers stay exact copies."""
+    with prefetch.Prefetcher(refill(6, shape=(1024, 1024)), depth=2, workers=2) as p:
+        got = [b.asnumpy() for b in p]
+    assert [(g.min(), g.max()) for g in got] == [(k, k) for k in range(6)]
+
+
 def test_kept_batch_never_rewritten():
     """§3 rule 2: a batch the user holds keeps its values while many more flow."""
     with prefetch.Prefetcher(refill(40), depth=2) as p:
@@ -140,12 +147,13 @@ def test_bad_device_fails_at_construction():
 def test_ndarrays_queued_at_close_are_released(monkeypatch):
     """§5: close() drops queued NDArrays and syncs the engine: their blocks are freed."""
     blocks = []
+    wrap_block = pmx._wrap_block
 
-    def recording_from_numpy(a, zero_copy=True):
-        blocks.append(weakref.ref(a))
-        return mx.nd.from_numpy(a, zero_copy=zero_copy)
+    def recording_wrap_block(block):
+        blocks.append(weakref.ref(block))
+        return wrap_block(block)
 
-    monkeypatch.setattr(pmx, "_from_numpy", recording_from_numpy)
+    monkeypatch.setattr(pmx, "_wrap_block", recording_wrap_block)
     x = mx.nd.ones((64, 1024))
     it = pmx.PrefetchingIter(mx.io.NDArrayIter(x, mx.nd.ones(64), 4), depth=4)
     kept = it.next().data[0]

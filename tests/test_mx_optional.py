@@ -1,10 +1,13 @@
 """MXNet stays optional (SPEC §6, issue 3): runs with or without mxnet installed."""
 
+import importlib.util
 import os
 import pathlib
 import subprocess
 import sys
 import tempfile
+
+import pytest
 
 import prefetch
 
@@ -42,3 +45,18 @@ def test_prefetch_mx_without_mxnet_says_what_to_install():
         "    print(exc)\n")
     assert "pip install 'prefetch-ring[mxnet]'" in out
     assert "mxnet==1.9.1" in out and "numpy<1.24" in out
+
+
+def test_ndarray_leaf_imports_prefetch_mx_on_demand():
+    """§3: an NDArray leaf is copied without the user importing prefetch.mx."""
+    if importlib.util.find_spec("mxnet") is None:
+        pytest.skip("mxnet is not installed")
+    out = run_python(
+        "import sys, warnings\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "import mxnet as mx, prefetch\n"
+        "src = mx.nd.ones((2, 3))\n"
+        "with prefetch.Prefetcher([[src]]) as p:\n"
+        "    (out,), = list(p)\n"
+        "print('prefetch.mx' in sys.modules, out is not src, out.asnumpy().sum())\n")
+    assert out == "True True 6.0\n"

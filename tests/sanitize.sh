@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The Python test suite against an ASan+UBSan build of the core (issue 5; STYLE §6.7):
+#   bash tests/sanitize.sh [pytest args]      (default args: -m "not stress" -k "not csrc_under")
+# 1. Copies the checkout (sources only: no build/, no *.so, no generated _ring.c) to
+#    build/sanitize/src, so setuptools cannot reuse an object built without the
+#    sanitizers, and builds it there with PREFETCH_SANITIZE=1 into a fresh venv,
+#    build/sanitize/venv (PYTHON picks the interpreter; default python3.11).
+# 2. Checks that the built extension really is instrumented (__asan_init, __ubsan_*).
+# 3. Runs pytest with the sanitizer runtime preloaded (python itself is not
+#    instrumented): PYTHONMALLOC=malloc so every Python allocation goes through ASan,
+#    detect_leaks=0 (CPython frees little at exit), halt on the first error.
+#    Reports go to build/sanitize/logs/*.<pid>, from every process the tests start
+#    (subprocess cases and forked children inherit the settings).
+# Fails if pytest fails, or if any process wrote a sanitizer report.
+# The csrc drivers run under ASan/UBSan/TSan in the ordinary pass already (test_csrc.py).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+work="${PREFETCH_SANITIZE_DIR:-$root/build/sanitize}"
+py="${PYTHON:-python3.11}"
+cc="${CC:-gcc}"
+
+rm -rf "$work"
+mkdir -p "$work/src" "$work/logs"
+tar -C "$root" --exclude=./build --exclude=./.git --exclude=./.venv --exclude='*.so' \
+    --exclude=./prefetch/_ring.c --exclude='*.egg-info' --exclude=./bench/out -cf - . | tar -C "$work/src" -xf -
+
+"$py" -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install -q --upgrade pip >/dev/null
+PREFETCH_SANITIZE=1 "$work/venv/bin/python" -m pip install -q --no-cache-dir "$work/src[test]"
+
+# Find the built extension without importing it (it needs the preloaded runtime).
+so="$(cd / && "$work/venv/bin/python" -I -c '
+import glob, importlib.util, os
+pkg = importlib.util.find_spec("prefetch").submodule_search_locations[0]
+print(*glob.glob(os.path.join(pkg, "_ring*.so")))')"
+if ! grep -q __asan_init "$so" || ! grep -q __ubsan_handle "$so"; then
+    echo "tests/sanitize.sh: $so is not built with -fsanitize=address,undefined" >&2
+    exit 1
+fi
+
+asan_rt="$("$cc" -print-file-name=libasan.so)"
+ubsan_rt="$("$cc" -print-file-name=libubsan.so)"
+for rt in "$asan_rt" "$ubsan_rt"; do
+    if [[ ! -e "$rt" ]]; then echo "tests/sanitize.sh: no sanitizer runtime $rt" >&2; exit 1; fi
+done
+
+if [[ $# -eq 0 ]]; then set -- -m "not stress" -k "not csrc_under"; fi
+status=0
+(
+    cd "$root"
+    export PYTHONMALLOC=malloc
+    export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=0:allocator_may_return_null=1:log_path=$work/logs/asan"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/logs/ubsan"
+    export LD_PRELOAD="$asan_rt $ubsan_rt"
+    "$work/venv/bin/pytest" -c "$root/pyproject.toml" --rootdir "$root" "$root/tests" \
+        "$@"
+) || status=$?
+
+reports=("$work"/logs/*)
+if [[ -e "${reports[0]}" ]]; then
+    echo "tests/sanitize.sh: sanitizer reports:" >&2
+    for f in "${reports[@]}"; do echo "--- $f" >&2; cat "$f" >&2; done
+    status=1
+fi
+if [[ $status -ne 0 ]]; then
+    echo "tests/sanitize.sh: FAILED" >&2
+    exit "$status"
+fi
+echo "tests/sanitize.sh: passed (ASan+UBSan, no reports)" >&2
