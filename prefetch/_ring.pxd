@@ -88,6 +88,7 @@ cdef class _Core(_TreeMap):
     cdef list _slots               # depth entries: batch, _Failure or _END
     cdef object _source            # the iterator; next() only on the fetch thread
     cdef object _finish            # None or callable(batch) -> batch (device pass)
+    cdef object _finish_close      # finish.close, if any: run at the end of close()
     cdef object _thread            # the fetch threading.Thread
     cdef object _worker_ident      # its threading.get_ident(), once it runs
     cdef readonly object name

@@ -121,7 +121,7 @@ cdef enum Kind:
 cdef dict _leaf_handlers = {}       # type -> fn(leaf, copy_array)
 cdef dict _container_handlers = {}  # type -> fn(obj, recurse)
 cdef dict _kinds = {}               # type -> (kind, handler); cleared on register
-cdef bint _mx_import_tried = False
+cdef bint _mx_imported = False     # prefetch.mx imported: its handlers are registered
 
 
 def register_leaf(cls, fn):
@@ -142,7 +142,7 @@ def register_container(cls, fn):
 
 
 cdef tuple _classify(type t):
-    global _mx_import_tried
+    global _mx_imported
     for cls, fn in _leaf_handlers.items():
         if issubclass(t, cls):
             return (K_LEAF, fn)
@@ -161,16 +161,13 @@ cdef tuple _classify(type t):
         return (K_DICT_SUB, None)
     if dataclasses.is_dataclass(t):
         return (K_DATACLASS, None)
-    if not _mx_import_tried and (t.__module__ or "").split(".")[0] == "mxnet":
+    if not _mx_imported and (t.__module__ or "").split(".")[0] == "mxnet":
         # An MXNet object: its handlers live in prefetch.mx, which registers
-        # them on import. Without it the object passes through unchanged.
-        _mx_import_tried = True
-        try:
-            import prefetch.mx  # noqa: F401
-        except ImportError:
-            pass
-        else:
-            return _classify(t)
+        # them on import. MXNet is importable (this is its object), so if
+        # prefetch.mx fails, raise rather than hand the object out uncopied.
+        import prefetch.mx  # noqa: F401
+        _mx_imported = True
+        return _classify(t)
     return (K_PASS, None)
 
 
@@ -260,6 +257,9 @@ cdef class _Core(_TreeMap):
         self._epoch = pf_fork_epoch()   # also installs the at-fork handler
         self._source = source
         self._finish = finish
+        # The device pass may own engine work that close() must wait for
+        # (SPEC §5); kept here because the worker drops _finish when it exits.
+        self._finish_close = getattr(finish, "close", None)
         self.name = name
         self.depth = depth
         self.workers = workers
@@ -546,6 +546,8 @@ cdef class _Core(_TreeMap):
                     f"after {grace} s; it is left as a daemon thread and exits when that returns",
                     RuntimeWarning, stacklevel=3)
         self._slots = [None] * self.depth
+        if self._finish_close is not None:
+            self._finish_close()   # e.g. MXNet's engine frees the dropped device arrays
         if self._pool != NULL:
             self._final_pool_stats = pf_pool_get_stats(self._pool)
             pf_pool_close(self._pool)

@@ -46,6 +46,9 @@ _DL_DTYPES = {np.dtype(name): _nd.DLDataType(*code)
               for name, code in _nd.DLDataType.TYPE_MAP.items()
               if name not in ("uint32", "uint64")}  # MXNet rejects these two
 _DL_CPU0 = _nd.DLContext(1, 0)  # kDLCPU, device 0
+# numpy dtypes an NDArray can hold (device= delivers these leaves as NDArrays).
+_MX_DTYPES = frozenset(np.dtype(t) for t in
+                       ("float16", "float32", "float64", "uint8", "int8", "int32", "int64", "bool"))
 _ZERO_COPY_TYPES = frozenset(dt.type for dt in _DL_DTYPES)
 _SHAPE_TYPES = {}  # ndim -> ctypes.c_int64 * ndim
 _py_incref = ctypes.pythonapi.Py_IncRef
@@ -161,15 +164,26 @@ def _as_context(device):
 
 def _device_finisher(device):
     """Core hook for ``Prefetcher(device=...)``: returns ``finish(batch)``, run on
-    the fetch thread after the host copies are complete.  It moves every NDArray
-    leaf to ``device`` and returns only when the engine has finished the copies,
-    so a batch handed out is complete on its context (SPEC §2 device)."""
+    the fetch thread after the host copies are complete.  It delivers every array
+    leaf as an NDArray on ``device`` (SPEC §2: numpy leaves too, when MXNet has
+    their dtype; object, string, complex and structured arrays stay numpy) and
+    returns only when the engine has finished the copies, so a batch handed out
+    is complete on its context."""
     ctx = _as_context(device)
 
     def finish(batch):
         moved = []
 
         def move(leaf):
+            if type(leaf) is np.ndarray and leaf.dtype in _MX_DTYPES:
+                # A fresh pool-backed copy: wrap its block without a copy when
+                # DLPack can carry it, then move it like any host NDArray.
+                if leaf.dtype in _DL_DTYPES and leaf.size:
+                    leaf = _wrap_block(leaf)
+                else:
+                    leaf = mx.nd.array(leaf, ctx=mx.cpu(0), dtype=leaf.dtype)
+                if ctx == mx.cpu(0):
+                    return leaf
             if isinstance(leaf, mx.nd.NDArray) and leaf.context != ctx:
                 leaf = leaf.copyto(ctx)
                 moved.append(leaf)

@@ -126,14 +126,20 @@ def test_ndarray_on_own_non_default_context_stays_there():
     assert [b.asnumpy()[0, 0] for b in got] == [0.0, 1.0, 2.0]
 
 
-def test_numpy_leaves_stay_numpy_with_device():
-    """§2 device: only NDArrays move; a numpy leaf is still a numpy copy."""
-    arr = np.arange(6.0)
-    with prefetch.Prefetcher([(arr, mx.nd.ones(2))], device=mx.cpu(1)) as p:
-        (a, nd), = list(p)
-    assert type(a) is np.ndarray and (a == arr).all() and not np.shares_memory(a, arr)
-    assert nd.context == mx.cpu(1)
-
+def test_numpy_leaves_become_ndarrays_on_device():
+    """§2 device: numpy leaves are delivered as NDArrays on the context, with the
+    same values, sharing nothing with the source; a dtype MXNet lacks stays numpy."""
+    arr = np.arange(6.0).reshape(2, 3)
+    small = np.arange(4, dtype=np.int8)
+    odd = np.arange(3, dtype=np.complex64)
+    with prefetch.Prefetcher([(arr, small, odd)], device=mx.cpu(1)) as p:
+        (a, b, c), = list(p)
+    assert isinstance(a, mx.nd.NDArray) and a.context == mx.cpu(1) and a.dtype == np.float64
+    assert (a.asnumpy() == arr).all()
+    assert isinstance(b, mx.nd.NDArray) and b.dtype == np.int8 and (b.asnumpy() == small).all()
+    assert type(c) is np.ndarray and (c == odd).all() and not np.shares_memory(c, odd)
+    arr[:] = -1
+    assert (a.asnumpy() != -1).all()
 
 def test_bad_device_fails_at_construction():
     """§2: a device that is not an MXNet context, or a GPU that is absent, fails early."""
