@@ -116,6 +116,7 @@ cdef class _Core(_TreeMap):
     cdef uint64_t _peak_fill
     cdef pf_pool_stats _final_pool_stats   # snapshot taken at close
 
+    cpdef object take(self, object timeout=*)
     cdef object _copy_array(self, object a)
     cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *
     cdef object _copy_batch(self, object item)
@@ -123,3 +124,9 @@ cdef class _Core(_TreeMap):
     cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
     cdef _check_usable(self)
+
+
+cdef class _Iterator:
+    # Base of the Python Prefetcher; holds what __next__ needs.
+    cdef public _Core _core        # None until Prefetcher.__init__ completes
+    cdef public object _timeout    # seconds or None, passed to take()

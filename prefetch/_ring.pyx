@@ -468,7 +468,7 @@ cdef class _Core(_TreeMap):
         if self.closed:
             raise ClosedError(f"prefetcher {self.name!r} is closed")
 
-    def take(self, timeout=None):
+    cpdef object take(self, object timeout=None):
         """The next batch; StopIteration at the end; the source's error in its place."""
         cdef uint64_t slot = 0
         self._check_usable()
@@ -581,6 +581,19 @@ cdef class _Core(_TreeMap):
         if self._ended:
             return "ended"
         return "running"
+
+
+cdef class _Iterator:
+    """Base class of prefetch.Prefetcher: the iterator protocol in C, since a
+    Python-level __next__ costs about as much as the whole hand-off."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._core is None:
+            raise ValueError("Prefetcher.__init__ did not complete")
+        return self._core.take(self._timeout)
 
 
 cdef _check_rc(int rc, what):

@@ -13,7 +13,7 @@ import numbers
 import weakref
 from typing import Any, Callable, Iterable, Optional, Sized
 
-from prefetch._ring import _Core
+from prefetch._ring import _Core, _Iterator
 from prefetch._types import Stats
 
 _names = itertools.count(1)
@@ -46,7 +46,7 @@ def _check_timeout(value: Any) -> Optional[float]:
     return seconds
 
 
-class Prefetcher:
+class Prefetcher(_Iterator):
     """Produce the batches of ``source`` ahead of the consumer, as fresh copies.
 
     Parameters
@@ -73,7 +73,8 @@ class Prefetcher:
         For a bad argument, naming it and the value given.
     """
 
-    _core: Optional[_Core] = None   # set last: close() works on a half-built object
+    # _core and _timeout live in the compiled base (its __next__ is C); _core
+    # stays None until the end of __init__, so close() works on a half-built object.
 
     def __init__(self, source: Iterable[Any], depth: int = 4, *, workers: int = 1,
                  device: Any = None, timeout: Optional[float] = None,
@@ -102,14 +103,6 @@ class Prefetcher:
         self._finalizer = weakref.finalize(self, core.close)
         self._core = core
         core.start()
-
-    def __iter__(self) -> "Prefetcher":
-        return self
-
-    def __next__(self) -> Any:
-        if self._core is None:
-            raise ValueError("Prefetcher.__init__ did not complete")
-        return self._core.take(self._timeout)
 
     def __len__(self) -> int:
         if self._sized_source is None:

@@ -120,16 +120,23 @@ def test_keyboard_interrupt_reaches_blocked_consumer_and_loses_nothing():
     with Prefetcher(src, depth=2) as p:
         main = threading.main_thread().ident
 
+        def blocked_next(it):
+            # next() inside a frame of its own, so the watcher can see where the
+            # main thread is (Prefetcher.__next__ is C: no frame of its own).
+            return next(it)
+
         def interrupt_when_blocked():
             # Ctrl-C must land while the main thread is inside next(): watch its frame.
-            while sys._current_frames()[main].f_code.co_name != "__next__":
+            frame = sys._current_frames()[main]
+            while frame.f_code.co_name != "blocked_next":
                 src.entered.wait(0.005)
+                frame = sys._current_frames()[main]
             _thread.interrupt_main()
 
-        t = threading.Thread(target=interrupt_when_blocked)
+        t = threading.Thread(target=interrupt_when_blocked, daemon=True)
         t.start()
         with pytest.raises(KeyboardInterrupt):
-            next(p)
+            blocked_next(p)
         t.join()
         src.release.set()
         assert [int(b[0]) for b in p] == [5, 6]
