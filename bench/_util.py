@@ -402,3 +402,18 @@ def table_lines(header, rows):
     for r in cols[1:]:
         out.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
     return out
+
+
+def run_standalone(run, report, steps, cfg, json_path=None):
+    """Run one section as a script (python bench/bench_X.py): progress bar,
+    its tables on stdout, and every figure in json_path when given."""
+    import json
+
+    prog = Progress(steps(cfg))
+    res = run(cfg, prog)
+    prog.close()
+    print("\n".join(report(res)))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=1)
+    return res

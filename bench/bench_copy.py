@@ -17,7 +17,6 @@ Run alone: python bench/bench_copy.py [--quick] [--sizes 64k,1m,16m] [--reps 5]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -252,13 +251,7 @@ def main(argv=None):
     for k in ("sizes", "reps", "depth"):
         if getattr(a, k):
             cfg[k] = getattr(a, k)
-    prog = U.Progress(steps(cfg))
-    res = run(cfg, prog)
-    prog.close()
-    print("\n".join(report(res)))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    U.run_standalone(run, report, steps, cfg, a.json)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ Run alone: python bench/bench_handoff.py [--quick] [--depths 1,4,16] [--reps 5]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -211,13 +210,7 @@ def main(argv=None):
         cfg["depths"] = a.depths
     if a.reps:
         cfg["reps"] = a.reps
-    prog = U.Progress(steps(cfg))
-    res = run(cfg, prog)
-    prog.close()
-    print("\n".join(report(res)))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    U.run_standalone(run, report, steps, cfg, a.json)
 
 
 if __name__ == "__main__":

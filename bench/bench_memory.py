@@ -165,7 +165,7 @@ def run(cfg, prog=None):
                                            "late_pool_blocks_by_size": late,
                                            "met": ok and all(per_batch.values())}
         fr = res["results"].get(FRESH, {})
-        tgt["fresh_alloc_cost"] = {s: {"fresh_ms": fr.get(s, {}).get("ms_per_batch"),
+        res["fresh_alloc_cost"] = {s: {"fresh_ms": fr.get(s, {}).get("ms_per_batch"),
                                        "ours_ms": res["results"][OURS][s].get("ms_per_batch")}
                                    for s in f}
     else:
@@ -224,13 +224,7 @@ def main(argv=None):
         cfg["plan"] = [[s, a.batches] for s, _ in cfg["plan"]]
     if a.depth:
         cfg["depth"] = a.depth
-    prog = U.Progress(steps(cfg))
-    res = run(cfg, prog)
-    prog.close()
-    print("\n".join(report(res)))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    U.run_standalone(run, report, steps, cfg, a.json)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ Run alone: python bench/bench_overlap.py [--quick] [--reps 3]
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 import threading
@@ -277,13 +275,7 @@ def main(argv=None):
     for k in ("n", "reps", "depth"):
         if getattr(a, k):
             cfg[k] = getattr(a, k)
-    prog = U.Progress(steps(cfg))
-    res = run(cfg, prog)
-    prog.close()
-    print("\n".join(report(res)))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    U.run_standalone(run, report, steps, cfg, a.json)
 
 
 if __name__ == "__main__":
