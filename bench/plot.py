@@ -57,7 +57,9 @@ def plot(res, path):
                 style = "k-."
             a.plot([s / 2**20 for s in sizes], ys, style, label=_short(name))
         a.set_xscale("log", base=2)
-        a.set_xlabel("batch MiB")
+        a.set_xticks([sz / 2**20 for sz in sizes])
+        a.set_xticklabels([f"{sz // 2**10}K" if sz < 2**20 else f"{sz // 2**20}M" for sz in sizes])
+        a.set_xlabel("batch size (bytes)")
         a.set_ylabel("GB/s")
         a.set_title("[2] copy throughput (higher is better)")
         a.legend(fontsize=7)
@@ -70,16 +72,21 @@ def plot(res, path):
         cases = list(o["cases"])
         rows = list(o["cases"][cases[0]]["rows"])
         w = 0.8 / max(1, len(rows))
+        inrun = all(o["cases"][cc]["rows"][r].get("efficiency_inrun") for cc in cases for r in rows
+                    if "bare" not in r)
+        key = "efficiency_inrun" if inrun else "efficiency"
+        rows = [r for r in rows if o["cases"][cases[0]]["rows"][r].get(key)]
+        w = 0.8 / max(1, len(rows))
         for i, r in enumerate(rows):
             a.bar([j + i * w for j in range(len(cases))],
-                  [o["cases"][cc]["rows"][r]["efficiency"]["median"] for cc in cases], w, label=_short(r))
+                  [o["cases"][cc]["rows"][r][key]["median"] for cc in cases], w, label=_short(r))
         a.axhline(0.97, color="k", lw=0.8, ls="--")
         a.set_xticks([j + 0.4 - w / 2 for j in range(len(cases))])
-        a.set_xticklabels([cc.replace(", ", "\n") for cc in cases], fontsize=7)
-        a.set_ylim(0, 1.1)
-        a.set_ylabel("N·max(P,C) / total")
+        a.set_xticklabels([cc.replace(", ", "\n").replace(" P=", "\nP=") for cc in cases], fontsize=7)
+        a.set_ylim(0, 1.15)
+        a.set_ylabel("N·max(P,C) / total" + (" (P, C timed in the run)" if inrun else ""))
         a.set_title("[3] overlap efficiency (1.0 = perfect; dashed 0.97)")
-        a.legend(fontsize=7, loc="lower left")
+        a.legend(fontsize=7, loc="upper center", ncol=2)
     else:
         a.set_axis_off()
 
@@ -105,10 +112,19 @@ def plot(res, path):
 
     e = secs.get("mx_e2e")
     a = ax[5]
-    if e and e.get("summary") and not m:
-        pass
-    if e and e.get("summary"):
-        # the memory time panel moves aside: show e2e in its place only when there is no memory section
+    if not (e and e.get("summary")):
+        # no MXNet section: the targets, as text
+        a.set_axis_off()
+        lines = ["Targets (this run):"]
+        for k, t in (res.get("targets") or {}).items():
+            met = t.get("met")
+            lines.append(f"{'n/a ' if met is None else ('MET ' if met else 'MISS')}  {k}")
+        busy = {k: v for k, v in (res.get("others_cpu") or {}).items() if v is not None}
+        if busy:
+            lines.append("")
+            lines.append("CPU used by other processes: " + ", ".join(f"{k} {v:.0%}" for k, v in busy.items()))
+        a.text(0.0, 1.0, "\n".join(lines), va="top", family="monospace", fontsize=8, transform=a.transAxes)
+    else:
         a.clear()
         ks = list(e["summary"])
         a.bar(range(len(ks)), [e["summary"][k]["median"] for k in ks])

@@ -120,6 +120,7 @@ def main(argv=None):
     total = sum(SECTIONS[s].steps(cfgs[s]) for s in wanted)
     prog = U.Progress(total, enabled=not a.no_progress)
     t_start = time.perf_counter()
+    waited = 0.0
     result = {"quick": a.quick, "argv": sys.argv[1:] if argv is None else argv, "env": env,
               "config": cfgs, "sections": {}, "errors": {}, "section_wall_s": {}, "others_cpu": {}}
     for i, s in enumerate(wanted, 1):
@@ -127,7 +128,9 @@ def main(argv=None):
             print(f"[{i}/{len(wanted)}] {s} ...", file=sys.stderr, flush=True)
         if a.wait_idle > 0:
             prog.set(f"waiting for a quiet machine before {s}")
+            tw = time.perf_counter()
             U.wait_idle(a.wait_idle)
+            waited += time.perf_counter() - tw
         t0 = time.perf_counter()
         snap = U.cpu_snapshot()
         try:
@@ -138,7 +141,8 @@ def main(argv=None):
         result["section_wall_s"][s] = round(time.perf_counter() - t0, 1)
         result["others_cpu"][s] = U.others_cpu(snap, U.cpu_snapshot())
     prog.close()
-    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    result["waited_s"] = round(waited, 1)
+    result["wall_s"] = round(time.perf_counter() - t_start - waited, 1)
 
     targets = {}
     for s, r in result["sections"].items():
@@ -155,7 +159,8 @@ def main(argv=None):
         else:
             lines += [f"[{s}] FAILED: " + result["errors"][s].strip().splitlines()[-1], ""]
     lines += _targets_lines(targets)
-    lines.append(f"wall time {result['wall_s']} s (" + ", ".join(f"{k} {v} s" for k, v in result["section_wall_s"].items()) + ")")
+    lines.append(f"wall time {result['wall_s']} s (" + ", ".join(f"{k} {v} s" for k, v in result["section_wall_s"].items()) + ")"
+                 + (f" + {result['waited_s']} s waiting for a quiet machine" if waited else ""))
     busy = {k: v for k, v in result["others_cpu"].items() if v is not None}
     if busy:
         lines.append("CPU share used by other processes during each section: "
