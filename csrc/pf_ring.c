@@ -60,6 +60,25 @@ void pf_ring_fini(pf_ring *r) {
     r->slot_bytes = NULL;
 }
 
+pf_ring *pf_ring_new(uint64_t capacity, uint64_t max_bytes, int64_t spin_ns, int *rc) {
+    void *mem = NULL;
+    if (posix_memalign(&mem, PF_CACHELINE, sizeof(pf_ring)) != 0) {
+        *rc = PF_ENOMEM;
+        return NULL;
+    }
+    *rc = pf_ring_init(mem, capacity, max_bytes, spin_ns);
+    if (*rc != PF_OK) {
+        free(mem);
+        return NULL;
+    }
+    return mem;
+}
+
+void pf_ring_delete(pf_ring *r) {
+    pf_ring_fini(r);
+    free(r);
+}
+
 static int is_closed(pf_ring *r) {
     return atomic_load_explicit(&r->closed, memory_order_acquire);
 }

@@ -41,9 +41,15 @@ typedef struct pf_ring {
 } pf_ring;
 
 // spin_ns < 0 picks the default (PF_RING_SPIN_NS, 0 on one CPU).
-// Returns 0, PF_EINVAL (capacity 0) or PF_ENOMEM/PF_ESYS.
+// Returns 0, PF_EINVAL (capacity 0) or PF_ENOMEM/PF_ESYS. r must be
+// PF_CACHELINE-aligned: embed it only where the allocator guarantees that.
 int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes, int64_t spin_ns);
 void pf_ring_fini(pf_ring *r);
+// The same on the heap, aligned (Python objects are only 16-byte aligned).
+// Returns the ring, or NULL with *rc set.
+pf_ring *pf_ring_new(uint64_t capacity, uint64_t max_bytes, int64_t spin_ns, int *rc);
+// pf_ring_fini, then frees it.
+void pf_ring_delete(pf_ring *r);
 
 // Producer. Returns 0 and the slot to fill when a slot is free and nbytes fit
 // under max_bytes (or the ring is empty); PF_ETIMEDOUT (try: -1 means "not now")

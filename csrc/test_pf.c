@@ -141,7 +141,7 @@ static void test_copier(int nhelpers, uint64_t *seed) {
 
 /* The fuzz: producer -> ring -> consumer, blocks returned by a third thread. */
 typedef struct fuzz {
-    pf_ring ring;
+    pf_ring *ring;
     pf_pool *pool;
     pf_copier copier;
     pf_block **slots;     /* payload per ring slot */
@@ -167,8 +167,8 @@ static void *fuzz_producer(void *arg) {
         size_t n = rng_next(&seed) % 16 == 0 ? rng_next(&seed) % PATTERN_MAX : rng_next(&seed) % 512;
         uint64_t slot;
         int rc;
-        while ((rc = pf_ring_try_reserve(&f->ring, n, &slot)) == PF_ETIMEDOUT)
-            pf_ring_wait_reserve(&f->ring, n, 50 * MS);
+        while ((rc = pf_ring_try_reserve(f->ring, n, &slot)) == PF_ETIMEDOUT)
+            pf_ring_wait_reserve(f->ring, n, 50 * MS);
         CHECK(rc == PF_OK);
         pf_block *b = pf_pool_get(f->pool, n + sizeof seq);
         CHECK(b);
@@ -177,7 +177,7 @@ static void *fuzz_producer(void *arg) {
         memcpy(b->data, &seq, sizeof seq);
         f->slots[slot] = b;
         f->slot_seq[slot] = n;
-        pf_ring_publish(&f->ring, n);
+        pf_ring_publish(f->ring, n);
     }
     return NULL;
 }
@@ -188,8 +188,8 @@ static void *fuzz_consumer(void *arg) {
     for (uint64_t seq = 0; seq < f->n; seq++) {
         uint64_t slot;
         int rc;
-        while ((rc = pf_ring_try_acquire(&f->ring, &slot)) == PF_ETIMEDOUT)
-            pf_ring_wait_acquire(&f->ring, 50 * MS);
+        while ((rc = pf_ring_try_acquire(f->ring, &slot)) == PF_ETIMEDOUT)
+            pf_ring_wait_acquire(f->ring, 50 * MS);
         CHECK(rc == PF_OK);
         pf_block *b = f->slots[slot];
         size_t n = f->slot_seq[slot];
@@ -199,7 +199,7 @@ static void *fuzz_consumer(void *arg) {
         const unsigned char *data = (const unsigned char *)b->data + sizeof got;
         for (size_t k = 0; k < n; k += 1 + k / 8) CHECK(data[k] == pattern(seq)[k]);
         f->slots[slot] = NULL;
-        pf_ring_release(&f->ring);
+        pf_ring_release(f->ring);
         if (rng_next(&seed) % 64 == 0) { /* now and then, let the producer fill up */
             struct timespec ts = {0, 200000};
             nanosleep(&ts, NULL);
@@ -235,10 +235,12 @@ static void *fuzz_returner(void *arg) {
 
 static void run_fuzz(uint64_t capacity, uint64_t max_bytes, int nhelpers, int64_t spin_ns, uint64_t n,
                      uint64_t seed) {
-    fuzz f = {0};
+    fuzz f;
+    memset(&f, 0, sizeof f);
     f.n = n;
     f.seed = seed;
-    CHECK(pf_ring_init(&f.ring, capacity, max_bytes, spin_ns) == PF_OK);
+    int rc;
+    CHECK((f.ring = pf_ring_new(capacity, max_bytes, spin_ns, &rc)) != NULL && rc == PF_OK);
     CHECK((f.pool = pf_pool_new(8u << 20)) != NULL);
     CHECK(pf_copier_init(&f.copier, nhelpers) == PF_OK);
     CHECK(pf_sync_init(&f.ret_sync) == PF_OK);
@@ -256,8 +258,8 @@ static void run_fuzz(uint64_t capacity, uint64_t max_bytes, int nhelpers, int64_
     CHECK(s.blocks_out == 0);
     CHECK(s.blocks_allocated + s.blocks_reused == n);
     CHECK(s.blocks_reused > 0);
-    pf_ring_close(&f.ring);
-    pf_ring_fini(&f.ring);
+    pf_ring_close(f.ring);
+    pf_ring_delete(f.ring);
     pf_copier_fini(&f.copier);
     pf_pool_close(f.pool);
     pf_sync_fini(&f.ret_sync);

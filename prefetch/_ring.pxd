@@ -17,8 +17,8 @@ cdef extern from "pf_sync.h" nogil:
 cdef extern from "pf_ring.h" nogil:
     ctypedef struct pf_ring:
         pass
-    int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes, int64_t spin_ns)
-    void pf_ring_fini(pf_ring *r)
+    pf_ring *pf_ring_new(uint64_t capacity, uint64_t max_bytes, int64_t spin_ns, int *rc)
+    void pf_ring_delete(pf_ring *r)
     int pf_ring_try_reserve(pf_ring *r, uint64_t nbytes, uint64_t *slot)
     int pf_ring_wait_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns)
     void pf_ring_publish(pf_ring *r, uint64_t nbytes)
@@ -78,11 +78,10 @@ cdef class _TreeMap:
 cdef class _Core(_TreeMap):
     # The ring, its slots, the pool and the fetch thread's state. Worker
     # threads reference only this object, never the user-facing Prefetcher.
-    cdef pf_ring _ring
+    cdef pf_ring *_ring            # heap, cache-line aligned; NULL until created
     cdef pf_pool *_pool            # NULL after close; blocks out keep it alive in C
     cdef pf_copier _copier
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
-    cdef bint _ring_ok             # _ring initialised (fini in __dealloc__)
     cdef bint _copier_ok           # _copier threads running (fini by the fetch thread)
     cdef unsigned _epoch           # pf_fork_epoch() at creation
     cdef list _slots               # depth entries: batch, _Failure or _END

@@ -9,7 +9,7 @@
 cimport cython
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 from libc.stdlib cimport free, realloc
 
 import dataclasses
@@ -249,6 +249,7 @@ def map_leaves(fn, tree):
 cdef class _Core(_TreeMap):
     def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, finish):
         global _live_cores
+        cdef int rc = PF_OK
         _live_cores += 1
         self._counted = True
         self._copier_ok = False
@@ -267,8 +268,8 @@ cdef class _Core(_TreeMap):
         self._slots = [None] * depth
         self._strided = []
         self._doing = DOING_START
-        _check_rc(pf_ring_init(&self._ring, depth, max_bytes, _spin_ns), "the ring")
-        self._ring_ok = True
+        self._ring = pf_ring_new(depth, max_bytes, _spin_ns, &rc)
+        _check_rc(rc, "the ring")
         self._pool = pf_pool_new(0)
         if self._pool == NULL:
             raise MemoryError("prefetch: cannot allocate the buffer pool")
@@ -285,8 +286,8 @@ cdef class _Core(_TreeMap):
             return
         if self._copier_ok:
             pf_copier_fini(&self._copier)
-        if self._ring_ok:
-            pf_ring_fini(&self._ring)
+        if self._ring != NULL:
+            pf_ring_delete(self._ring)
         if self._pool != NULL:
             pf_pool_close(self._pool)
         free(self._jobs)
@@ -352,14 +353,14 @@ cdef class _Core(_TreeMap):
 
     cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1:
         """Wait for a free slot (and room under max_bytes); False once closed."""
-        cdef int rc = pf_ring_try_reserve(&self._ring, nbytes, slot)
+        cdef int rc = pf_ring_try_reserve(self._ring, nbytes, slot)
         cdef int64_t t0
         if rc == PF_ETIMEDOUT:
             t0 = pf_now_ns()
             while rc == PF_ETIMEDOUT:
                 with nogil:
-                    pf_ring_wait_reserve(&self._ring, nbytes, WAIT_SLICE_NS)
-                rc = pf_ring_try_reserve(&self._ring, nbytes, slot)
+                    pf_ring_wait_reserve(self._ring, nbytes, WAIT_SLICE_NS)
+                rc = pf_ring_try_reserve(self._ring, nbytes, slot)
             self._producer_wait_ns += pf_now_ns() - t0
         return rc == PF_OK
 
@@ -370,7 +371,7 @@ cdef class _Core(_TreeMap):
         self._slots[slot] = item
         if is_batch:
             self._produced += 1
-        pf_ring_publish(&self._ring, nbytes)
+        pf_ring_publish(self._ring, nbytes)
         fill = self._produced - self._consumed
         if fill > self._peak_fill:
             self._peak_fill = fill
@@ -474,11 +475,11 @@ cdef class _Core(_TreeMap):
         self._check_usable()
         if self._ended:
             raise StopIteration
-        if pf_ring_try_acquire(&self._ring, &slot) != PF_OK:
+        if pf_ring_try_acquire(self._ring, &slot) != PF_OK:
             slot = self._wait_batch(timeout)
         item = self._slots[slot]
         self._slots[slot] = None
-        pf_ring_release(&self._ring)
+        pf_ring_release(self._ring)
         if item is _END:
             self._ended = True
             raise StopIteration
@@ -492,8 +493,13 @@ cdef class _Core(_TreeMap):
         cdef uint64_t slot = 0
         cdef int rc
         cdef int64_t t0 = pf_now_ns(), deadline = 0, wait_ns
+        cdef double timeout_ns
         if timeout is not None:
-            deadline = t0 + <int64_t>(float(timeout) * 1e9)
+            timeout_ns = float(timeout) * 1e9
+            if timeout_ns >= <double>(INT64_MAX - t0):
+                timeout = None   # centuries: no deadline (and no int64 overflow)
+            else:
+                deadline = t0 + <int64_t>timeout_ns
         if threading.get_ident() == self._worker_ident:
             # A source calling next() on its own prefetcher would wait for
             # the one thread that can produce the batch: itself.
@@ -505,8 +511,8 @@ cdef class _Core(_TreeMap):
                 if timeout is not None:
                     wait_ns = min(wait_ns, max(deadline - pf_now_ns(), 0))
                 with nogil:
-                    pf_ring_wait_acquire(&self._ring, wait_ns)
-                rc = pf_ring_try_acquire(&self._ring, &slot)
+                    pf_ring_wait_acquire(self._ring, wait_ns)
+                rc = pf_ring_try_acquire(self._ring, &slot)
                 if rc == PF_OK:
                     return slot
                 if rc == PF_ECLOSED:
@@ -519,7 +525,7 @@ cdef class _Core(_TreeMap):
                 if self._thread is None or not self._thread.is_alive():
                     # The worker publishes before it exits; re-check once so
                     # a batch published just before its exit is not missed.
-                    if pf_ring_try_acquire(&self._ring, &slot) == PF_OK:
+                    if pf_ring_try_acquire(self._ring, &slot) == PF_OK:
                         return slot
                     raise RuntimeError(f"the worker of prefetcher {self.name!r} is not running "
                                        "(it died or never started); no batch can come")
@@ -536,7 +542,7 @@ cdef class _Core(_TreeMap):
         if self._epoch != pf_fork_epoch():
             self._slots = [None] * self.depth
             return
-        pf_ring_close(&self._ring)
+        pf_ring_close(self._ring)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(grace)

@@ -4,6 +4,7 @@ import faulthandler
 import gc
 import os
 import random
+import signal
 import sys
 import threading
 
@@ -57,5 +58,13 @@ def run_python(code, timeout=60, env=None):
     import tempfile
     full_env = dict(os.environ, PYTHONFAULTHANDLER="1", **(env or {}))
     # Not the checkout: its prefetch/ has no compiled core when installed non-editable.
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=tempfile.gettempdir())
+    # A session of its own, so a timeout kills forked grandchildren too.
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=full_env, cwd=tempfile.gettempdir(), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

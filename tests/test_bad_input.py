@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
+from prefetch._ring import _Core
 
 HAVE_MX = importlib.util.find_spec("mxnet") is not None
 
@@ -115,6 +116,21 @@ def test_numpy_integer_arguments_are_accepted():
     """§2: depth/workers/max_bytes accept any integral number (numpy ints included)."""
     with Prefetcher([np.arange(3)], depth=np.int64(2), workers=np.int32(2), max_bytes=np.uint64(64)) as p:
         assert [b.tolist() for b in p] == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("timeout", [1e10, 1e300, 2**70])
+def test_huge_timeout_is_not_an_immediate_timeout(timeout):
+    """§2: a valid but huge timeout (centuries, past int64 nanoseconds) means "wait";
+    it must never overflow into a deadline in the past. Deterministic probe: a core
+    whose worker never started answers a waiting take() with "not running" (§4), and
+    with TimeoutError only once the deadline has passed, which it cannot have."""
+    core = _Core(iter([np.zeros(1)]), 1, 1, 0, "never-started", None)
+    try:
+        with pytest.raises(RuntimeError, match="not running"):
+            core.take(timeout)
+    finally:
+        core.close()
+        del core            # a failure's traceback must not keep the core alive
 
 
 @pytest.mark.skipif(HAVE_MX, reason="the core-only environment: no MXNet installed")

@@ -9,10 +9,11 @@ state; nested prefetchers; a source whose next() calls back into its own
 prefetcher.
 
 Synchronisation is by Events and by watching the consumer's frame (the
-consumer is "blocked" once its innermost Python frame is Prefetcher.__next__),
-never by sleeping.
+consumer is "blocked" once its innermost Python frame is the prelude's next_(),
+which only calls next(p)), never by sleeping.
 """
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -31,9 +32,14 @@ PRELUDE = textwrap.dedent("""
     warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
     MAIN = threading.main_thread().ident
 
+    def next_(p):
+        # next(p) inside a Python frame of its own: Prefetcher.__next__ may be C and
+        # show no frame, so this frame is what tells that a thread waits in next().
+        return next(p)
+
     def blocked_in_next(ident=MAIN):
         frame = sys._current_frames().get(ident)
-        return frame is not None and frame.f_code.co_name == "__next__"
+        return frame is not None and frame.f_code.co_name == "next_"
 
     def when_blocked(action, ident=MAIN):
         # Run action() on a helper thread once thread `ident` waits inside next().
@@ -61,18 +67,29 @@ PRELUDE = textwrap.dedent("""
 
 def spawn(code):
     env = dict(os.environ, PYTHONFAULTHANDLER="1")
-    return subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # stderr goes to a file, not a pipe: a child that writes a lot there (a sanitizer
+    # report, say) must not block while the test reads its stdout line by line.
+    err = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
                             text=True, env=env, cwd=tempfile.gettempdir(), start_new_session=True)
+    proc.err_file = err
+    return proc
 
 
 def finish(proc, timeout=HARD_TIMEOUT):
     """Wait for `proc`; on a hang kill its whole process group (forked children too) and fail."""
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(timeout=timeout)
+        hung = False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        out, _ = proc.communicate()
+        hung = True
+    with proc.err_file as f:
+        f.seek(0)
+        err = f.read()
+    if hung:
         pytest.fail(f"hung for {timeout} s (killed)\n--- stdout\n{out}\n--- stderr\n{err}")
     return proc.returncode, out, err
 
@@ -91,8 +108,13 @@ def assert_ok(result, stdout):
 
 def sigint_when_ready(proc, marker="blocked"):
     """Send a real SIGINT to `proc` once it prints `marker` (its consumer is in next())."""
-    line = proc.stdout.readline()
-    assert line.strip() == marker, (line, proc.stderr.read() if proc.poll() is not None else "")
+    ready, _, _ = select.select([proc.stdout], [], [], HARD_TIMEOUT)
+    if not ready:   # never got there: kill it here, or it would outlive the test
+        os.killpg(proc.pid, signal.SIGKILL)
+    line = proc.stdout.readline() if ready else ""
+    if line.strip() != marker:
+        rc, out, err = finish(proc)
+        pytest.fail(f"no {marker!r} line: rc={rc}\n--- stdout\n{line}{out}\n--- stderr\n{err}")
     proc.send_signal(signal.SIGINT)
 
 
@@ -145,7 +167,7 @@ def test_stuck_source_sigint_interrupts_blocked_consumer():
         p = Prefetcher(src, depth=2)
         when_blocked(lambda: print("blocked", flush=True))
         try:
-            next(p)
+            next_(p)
         except KeyboardInterrupt:
             print("interrupted", flush=True)
         with warnings.catch_warnings():
@@ -187,7 +209,7 @@ def test_blocked_consumer_close_from_another_thread_raises_closed_error():
         p = Prefetcher(src, depth=1)
         closer = when_blocked(p.close)
         try:
-            next(p)
+            next_(p)
         except ClosedError:
             print("closed-error")
         src.release.set()
@@ -204,7 +226,7 @@ def test_blocked_consumer_sigint_loses_nothing():
         got = [int(next(p)[0])]
         when_blocked(lambda: print("blocked", flush=True))
         try:
-            next(p)
+            next_(p)
         except KeyboardInterrupt:
             print("interrupted", flush=True)
         src.release.set()
@@ -228,7 +250,7 @@ def test_blocked_consumer_gets_source_error():
         next(p)
         when_blocked(go.set)
         try:
-            next(p)
+            next_(p)
         except ValueError as e:
             print(str(e).replace(" ", "-"), any("batch 1" in n for n in e.__notes__))
         p.close()
@@ -244,8 +266,8 @@ def test_blocked_consumer_thread_at_interpreter_exit():
         def consume():
             started.set()
             try:
-                for _ in p:
-                    pass
+                while True:
+                    next_(p)
             except ClosedError:   # the exit's close() wakes it; a daemon may also just stop
                 pass
         t = threading.Thread(target=consume, daemon=True)
@@ -294,7 +316,7 @@ def test_fork_with_prefetchers_in_every_state():
         waiter_src = Stuck(then=[np.full(3, 5)])
         ps["waited"] = Prefetcher(waiter_src, depth=1)
         waited = []
-        waiter = threading.Thread(target=lambda: waited.append(int(next(ps["waited"])[0])))
+        waiter = threading.Thread(target=lambda: waited.append(int(next_(ps["waited"])[0])))
         waiter.start()
         while not blocked_in_next(waiter.ident):
             threading.Event().wait(0.001)

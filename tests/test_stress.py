@@ -170,12 +170,13 @@ def one_run(rand, closer=False):
         reached = threading.Event()
         close_delay = draw_delay(rand, 0.7)
 
-        def close_later():
+        def close_later(close):
             reached.wait()
             delay(*close_delay)
-            p.close()
+            close()
 
-        close_thread = threading.Thread(target=close_later)
+        # Thread drops its target's arguments when it ends: no reference to p survives.
+        close_thread = threading.Thread(target=close_later, args=(p.close,))
         close_thread.start()
     try:
         while True:
