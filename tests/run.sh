@@ -5,7 +5,8 @@
 #    the core from source, then the whole suite (csrc under TSan/ASan included).
 # 2. mxnet: a Python 3.11 venv with the [mxnet] extra (mxnet 1.9.1, numpy
 #    1.23.5), the same suite again (the test_mx_* files run there).
-# 3. --matrix: the core suite on every other CPython 3.10-3.13 found (SPEC §8).
+# 3. --matrix: the core tests on every other CPython 3.10-3.13 found (SPEC §8).
+# Stress tests (-m stress) run once, in the core environment, after its suite.
 # Venvs live in build/test-envs (PREFETCH_ENVS to move them); each is made anew.
 # Exits non-zero on the first failing environment; pytest-timeout bounds each test.
 set -euo pipefail
@@ -22,6 +23,12 @@ find_python() {  # $1 = major.minor; prints an interpreter path or nothing
     done
 }
 
+pytest_in() {  # $1 = venv; rest: pytest args. The pytest script, not python -m pytest,
+               # keeps the checkout's uncompiled prefetch/ off sys.path.
+    local venv="$1"; shift
+    (cd "$root" && "$venv/bin/pytest" -c "$root/pyproject.toml" --rootdir "$root" "$@")
+}
+
 run_env() {  # $1 = name, $2 = python, $3 = pip extras; rest: pytest args
     local name="$1" py="$2" extras="$3"; shift 3
     local venv="$envs/$name"
@@ -31,21 +38,22 @@ run_env() {  # $1 = name, $2 = python, $3 = pip extras; rest: pytest args
     "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
     # The package is built from this checkout by pip (build isolation: Cython 3, numpy 2).
     "$venv/bin/python" -m pip install -q "$root[$extras]"
-    # pytest's script (not python -m pytest) keeps the checkout's uncompiled prefetch/ off sys.path.
-    (cd "$root" && "$venv/bin/pytest" -c "$root/pyproject.toml" --rootdir "$root" "$root/tests" "$@")
+    pytest_in "$venv" "$@"
 }
 
 py311="$(find_python 3.11)"
-run_env core "${PYTHON:-${py311:-python3}}" test "$@"
+run_env core "${PYTHON:-${py311:-python3}}" test "$root/tests" -m "not stress" "$@"
+echo "=== [core] stress" >&2
+pytest_in "$envs/core" "$root/tests" -m stress
 if [[ -z "$py311" ]]; then
     echo "tests/run.sh: no Python 3.11 found: MXNet 1.9.1 needs one" >&2; exit 1
 fi
-run_env mxnet "$py311" "test,mxnet" "$@"
+run_env mxnet "$py311" "test,mxnet" "$root/tests" -m "not stress" "$@"
 if [[ $matrix == 1 ]]; then
     for v in 3.10 3.12 3.13; do
         py="$(find_python $v)"
         if [[ -z "$py" ]]; then echo "tests/run.sh: Python $v not found, skipped" >&2; continue; fi
-        run_env "core-$v" "$py" test "$@" -p no:randomly -k "not csrc_under"
+        run_env "core-$v" "$py" test "$root"/tests/test_{iterator,errors,lifecycle,bad_input,typing}.py "$@"
     done
 fi
 echo "tests/run.sh: all environments passed" >&2
