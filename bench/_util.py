@@ -404,16 +404,40 @@ def table_lines(header, rows):
     return out
 
 
-def run_standalone(run, report, steps, cfg, json_path=None):
-    """Run one section as a script (python bench/bench_X.py): progress bar,
-    its tables on stdout, and every figure in json_path when given."""
+def int_list(s):
+    return [int(x) for x in s.split(",")]
+
+
+def size_list(s):
+    return [parse_size(x) for x in s.split(",")]
+
+
+def section_main(doc, default_cfg, run, report, steps=None, options=(), argv=None, apply=None):
+    """Script mode of a section (python bench/bench_X.py): --quick, --json FILE
+    and the section's own options [(name, type)], each replacing the config key
+    of the same name (or passed to apply(cfg, given)); then a progress bar,
+    the section's tables on stdout and every figure in the JSON file."""
+    import argparse
     import json
 
-    prog = Progress(steps(cfg))
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    for name, typ in options:
+        ap.add_argument(f"--{name}", type=typ)
+    ap.add_argument("--json", metavar="FILE")
+    a = ap.parse_args(argv)
+    cfg = default_cfg(a.quick)
+    given = {name: getattr(a, name) for name, _ in options if getattr(a, name)}
+    if apply is not None:
+        apply(cfg, given)
+    else:
+        cfg.update(given)
+    prog = Progress(steps(cfg)) if steps is not None else None
     res = run(cfg, prog)
-    prog.close()
+    if prog is not None:
+        prog.close()
     print("\n".join(report(res)))
-    if json_path:
-        with open(json_path, "w") as f:
+    if a.json:
+        with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     return res

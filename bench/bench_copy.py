@@ -16,7 +16,6 @@ Run alone: python bench/bench_copy.py [--quick] [--sizes 64k,1m,16m] [--reps 5]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -240,19 +239,8 @@ def report(res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sizes", type=lambda s: [U.parse_size(x) for x in s.split(",")])
-    ap.add_argument("--reps", type=int)
-    ap.add_argument("--depth", type=int)
-    ap.add_argument("--json", metavar="FILE")
-    a = ap.parse_args(argv)
-    cfg = default_cfg(a.quick)
-    for k in ("sizes", "reps", "depth"):
-        if getattr(a, k):
-            cfg[k] = getattr(a, k)
-    U.run_standalone(run, report, steps, cfg, a.json)
-
+    U.section_main(__doc__, default_cfg, run, report, steps, argv=argv,
+                   options=[("sizes", U.size_list), ("reps", int), ("depth", int)])
 
 if __name__ == "__main__":
     main()

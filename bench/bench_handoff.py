@@ -10,7 +10,6 @@ Run alone: python bench/bench_handoff.py [--quick] [--depths 1,4,16] [--reps 5]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -199,19 +198,8 @@ def report(res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--reps", type=int)
-    ap.add_argument("--json", metavar="FILE")
-    a = ap.parse_args(argv)
-    cfg = default_cfg(a.quick)
-    if a.depths:
-        cfg["depths"] = a.depths
-    if a.reps:
-        cfg["reps"] = a.reps
-    U.run_standalone(run, report, steps, cfg, a.json)
-
+    U.section_main(__doc__, default_cfg, run, report, steps, argv=argv,
+                   options=[("depths", U.int_list), ("reps", int)])
 
 if __name__ == "__main__":
     main()

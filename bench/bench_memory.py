@@ -13,7 +13,6 @@ Run alone: python bench/bench_memory.py [--quick] [--sizes 4m,64m] [--batches 10
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -205,27 +204,22 @@ def report(res):
     return out
 
 
+def _apply_options(cfg, given):
+    if "sizes" in given:
+        cfg["plan"] = [[s, given.get("batches", 100)] for s in given["sizes"]]
+    elif "batches" in given:
+        cfg["plan"] = [[s, given["batches"]] for s, _ in cfg["plan"]]
+    if "depth" in given:
+        cfg["depth"] = given["depth"]
+
+
 def main(argv=None):
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         row, size, n, depth = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
         print(json.dumps(_child(row, size, n, depth)))
         return
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sizes", type=lambda s: [U.parse_size(x) for x in s.split(",")])
-    ap.add_argument("--batches", type=int)
-    ap.add_argument("--depth", type=int)
-    ap.add_argument("--json", metavar="FILE")
-    a = ap.parse_args(argv)
-    cfg = default_cfg(a.quick)
-    if a.sizes:
-        cfg["plan"] = [[s, a.batches or 100] for s in a.sizes]
-    elif a.batches:
-        cfg["plan"] = [[s, a.batches] for s, _ in cfg["plan"]]
-    if a.depth:
-        cfg["depth"] = a.depth
-    U.run_standalone(run, report, steps, cfg, a.json)
-
+    U.section_main(__doc__, default_cfg, run, report, steps, argv=argv, apply=_apply_options,
+                   options=[("sizes", U.size_list), ("batches", int), ("depth", int)])
 
 if __name__ == "__main__":
     main()

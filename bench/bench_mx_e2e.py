@@ -8,9 +8,7 @@ Run alone: python bench/bench_mx_e2e.py [--quick]
 """
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import os
 import sys
 
@@ -84,20 +82,7 @@ def report(res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--epochs", type=int)
-    ap.add_argument("--json", metavar="FILE")
-    a = ap.parse_args(argv)
-    cfg = default_cfg(a.quick)
-    if a.epochs:
-        cfg["epochs"] = a.epochs
-    res = run(cfg)
-    print("\n".join(report(res)))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
-
+    U.section_main(__doc__, default_cfg, run, report, argv=argv, options=[("epochs", int)])
 
 if __name__ == "__main__":
     main()

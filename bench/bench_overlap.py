@@ -16,7 +16,6 @@ Run alone: python bench/bench_overlap.py [--quick] [--reps 3]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -264,19 +263,8 @@ def report(res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--n", type=int)
-    ap.add_argument("--reps", type=int)
-    ap.add_argument("--depth", type=int)
-    ap.add_argument("--json", metavar="FILE")
-    a = ap.parse_args(argv)
-    cfg = default_cfg(a.quick)
-    for k in ("n", "reps", "depth"):
-        if getattr(a, k):
-            cfg[k] = getattr(a, k)
-    U.run_standalone(run, report, steps, cfg, a.json)
-
+    U.section_main(__doc__, default_cfg, run, report, steps, argv=argv,
+                   options=[("n", int), ("reps", int), ("depth", int)])
 
 if __name__ == "__main__":
     main()
