@@ -78,15 +78,17 @@ def copy_tensor(t: Tensor, plan: Any) -> Tensor:
         if fmt is not None and t.is_contiguous(memory_format=fmt[0]):
             t = t.permute(fmt[1])   # contiguous: one memcpy instead of a strided copy
             back = fmt[2]
-        if t.is_conj() or t.is_neg():
-            t = t.resolve_conj().resolve_neg()   # lazy bits numpy cannot see
     view = _VIEW_AS.get(t.dtype)
     try:
         src = (t if view is None else t.view(view)).numpy()
     except (RuntimeError, TypeError) as exc:
-        if t.is_conj() or t.is_neg():  # contiguous tensors skip the check above
-            return copy_tensor(t.resolve_conj().resolve_neg(), plan)
-        raise TypeError(f"prefetch cannot copy a torch.Tensor of dtype {t.dtype}: {exc}") from exc
+        if not (t.is_conj() or t.is_neg()):
+            raise TypeError(f"prefetch cannot copy a torch.Tensor of dtype {t.dtype}: {exc}") from exc
+        # A lazy conjugate/negative view: torch materialises it into a tensor
+        # of its own, which nothing else can reach (not pooled; rare). It does
+        # not go through plan.array: the plan would copy from it after it died.
+        out = t.resolve_conj().resolve_neg().contiguous()
+        return out if back is None else out.permute(back)
     out = torch.from_numpy(plan.array(src))   # keeps the pool array (and its block) alive
     if view is not None:
         out = out.view(t.dtype)
