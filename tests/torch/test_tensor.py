@@ -1,6 +1,7 @@
 """torch.Tensor leaves (SPEC §3, §5, issue 12): fresh tensors, same shape,
 dtype and values, no shared storage, pooled memory reused after torch frees it."""
 import gc
+import itertools
 import os
 import pathlib
 import subprocess
@@ -218,7 +219,7 @@ def test_block_returns_to_pool_when_torch_frees_the_tensor():
     """§3 rule 2 and §5: the tensor keeps its pool block alive, and the block is
     reused only after torch frees it; steady state allocates nothing."""
     src = torch.arange(1000.0)
-    with Prefetcher(iter(lambda: src, None), depth=2) as p:
+    with Prefetcher(itertools.repeat(src), depth=2) as p:
         kept = next(p)
         ptr = kept.data_ptr()
         held = [next(p) for _ in range(20)]
