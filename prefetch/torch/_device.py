@@ -28,7 +28,7 @@ This path has not been run on a GPU here (tests/torch/gpu_check.py checks it).
 """
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -70,10 +70,10 @@ class CudaDelivery:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         # The stream the consumer computes on (the constructor runs on its thread).
         self.consumer_stream = torch.cuda.current_stream(device)
-        self.event = torch.cuda.Event()
+        self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self.staged: list[torch.Tensor] = []   # pinned buffers of this batch, until ready()
         self.moved = False
 
@@ -107,7 +107,7 @@ class CudaDelivery:
         torch.cuda.empty_cache()
 
 
-def open_device(device: torch.device) -> Union[CpuDelivery, CudaDelivery]:
+def open_device(device: torch.device) -> CpuDelivery | CudaDelivery:
     """The Delivery for ``device=`` (prefetch.register_device); ValueError naming it."""
     if device.type == "cpu":
         return CpuDelivery()

@@ -32,7 +32,7 @@ the GIL held.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +72,7 @@ def copy_tensor(t: Tensor, plan: Any) -> Tensor:
         return _copy_unusual(t)
     if t.requires_grad:
         t = t.detach()
-    back: Optional[tuple[int, ...]] = None
+    back: tuple[int, ...] | None = None
     if not t.is_contiguous():
         fmt = _CHANNELS_LAST.get(t.dim())
         if fmt is not None and t.is_contiguous(memory_format=fmt[0]):
@@ -133,7 +133,7 @@ def _copy_subclass(t: Tensor, cls: type, plan: Any) -> Tensor:
                 f"prefetch cannot copy {_describe(t)}: its attribute {key!r} holds an array, "
                 f"which would be shared with the source; tell prefetch how with "
                 f"prefetch.register_leaf({cls.__qualname__}, copy)")
-    out = copy_tensor(t.as_subclass(Tensor), plan).as_subclass(cls)
+    out: Tensor = copy_tensor(t.as_subclass(Tensor), plan).as_subclass(cls)
     out.__dict__.update(state)
     return out
 

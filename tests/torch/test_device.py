@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from prefetch import Prefetcher  # noqa: E402
+from prefetch import Prefetcher
 
 
 def test_cpu_device_delivers_tensors():
@@ -47,7 +47,7 @@ def test_cpu_device_pool_reuse():
 @pytest.mark.parametrize("dev", ["cuda", "cuda:0", "cuda:3"])
 def test_cuda_without_cuda_fails_at_construction(dev):
     """§2: a clear ValueError in the constructor, naming the value; no thread started."""
-    with pytest.raises(ValueError, match=rf"device=device\(type='cuda'.*CUDA is not available"):
+    with pytest.raises(ValueError, match=r"device=device\(type='cuda'.*CUDA is not available"):
         Prefetcher([torch.ones(2)], device=torch.device(dev))
 
 
