@@ -35,7 +35,7 @@ def config(a):
     depths = a.depths or ([1, 4, 16] if a.quick else [1, 2, 4, 16, 64])
     if TARGET_DEPTH not in depths:
         depths = sorted(depths + [TARGET_DEPTH])
-    return {"depths": depths, "reps": a.reps or (7 if a.quick else 15),
+    return {"depths": depths, "reps": a.reps or (9 if a.quick else 15),
             "target_s": 0.03 if a.quick else 0.15,  # per measurement; sets N per row
             "n_min": 200, "n_max": 100000, "no_mx": a.no_mx}
 

@@ -173,10 +173,12 @@ def plot(ax, data):
     w = 0.8 / len(rows)
     for i, r in enumerate(rows):
         ys = [data["results"][r][str(s)].get("faults_per_batch") or 0 for s in sizes]
-        ax.bar([j + (i - (len(rows) - 1) / 2) * w for j in range(len(sizes))], ys, w, label=r)
+        bars = ax.bar([j + (i - (len(rows) - 1) / 2) * w for j in range(len(sizes))], ys, w, label=r)
+        ax.bar_label(bars, [f"{y:.2g}" for y in ys], fontsize=7)  # a zero bar is invisible on its own
     ax.axhline(BOUND, color="k", lw=0.8, ls="--", label=f"bound: {BOUND:g} fault per batch")
     ax.set_xticks(range(len(sizes)), [U.human_bytes(s) for s in sizes])
     ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(0, max(10, ax.get_ylim()[1] * 3))  # room for the labels
     ax.set_xlabel("batch size")
     ax.set_ylabel("minor page faults per batch")
     ax.set_title("Page faults per batch in steady state, lower is better")

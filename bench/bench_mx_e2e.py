@@ -23,7 +23,7 @@ def add_arguments(g):
 
 
 def config(a):
-    return {"epochs": a.epochs or (7 if a.quick else 16), "quick": a.quick, "skip": a.no_mx}
+    return {"epochs": a.epochs or (10 if a.quick else 16), "quick": a.quick, "skip": a.no_mx}
 
 
 def run(cfg, say):

@@ -70,12 +70,15 @@ def _parser(mods):
 
 
 def _say(section):
-    tty = sys.stderr.isatty()  # a terminal: one line rewritten in place; a CI log: one line each
-    cr = "\r" if tty else ""
+    tty = sys.stderr.isatty()  # a terminal: one line rewritten in place; a log: a line every 10 s
+    last = [-1e9]
 
-    def say(text):
-        print(cr + f"[{section}] {text}"[:100].ljust(100 if tty else 0), end="" if tty else "\n",
-              file=sys.stderr, flush=True)
+    def say(text, final=False):
+        if tty:
+            print("\r" + f"[{section}] {text}"[:100].ljust(100), end="", file=sys.stderr, flush=True)
+        elif final or time.monotonic() - last[0] >= 10:
+            last[0] = time.monotonic()
+            print(f"[{section}] {text}", file=sys.stderr, flush=True)
     return say
 
 
@@ -83,7 +86,7 @@ def _summary(env, quick, wanted, verdicts, mods):
     by = {}
     for v in verdicts:
         by.setdefault(v.status, []).append(v.target)
-    what = ", ".join(mods[s].TITLE.lower() for s in wanted)
+    what = ", ".join(mods[s].TITLE[0].lower() + mods[s].TITLE[1:] for s in wanted)
     counts = "; ".join(f"{st} {len(by[st])}" + (f" ({'; '.join(by[st])})" if st in (S.MET, S.MISSED) else "")
                        for st in (S.MET, S.MISSED, S.INCONCLUSIVE, S.NOT_RUN) if st in by)
     return (f"Measured {what} of prefetch against a plain loop, a threading + queue.Queue prefetcher"
@@ -117,7 +120,7 @@ def main(argv=None):
         except Exception:
             errors[s] = traceback.format_exc()
             print(f"\n[{s}] failed:\n{errors[s]}", file=sys.stderr)
-        say(f"done in {time.perf_counter() - t0:.0f} s")
+        say(f"done in {time.perf_counter() - t0:.0f} s", final=True)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     wall = time.perf_counter() - t_start
