@@ -5,6 +5,7 @@ reason, and the section turns its rows into a note.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 
@@ -15,7 +16,7 @@ def load_mx():
     try:
         import mxnet as mx
         return mx, None
-    except Exception as e:  # ImportError, or mxnet's own failure on this numpy
+    except Exception as e:  # noqa: BLE001 - ImportError, or mxnet's own failure on this numpy
         return None, f"mxnet not importable ({type(e).__name__}: {str(e)[:80]})"
 
 
@@ -70,7 +71,7 @@ class QueuePrefetcher:
                 if self._stop:
                     return
                 self._q.put(copy_tree(b) if self._copy else b)
-        except BaseException as e:  # delivered to the consumer, never lost
+        except BaseException as e:  # noqa: BLE001 - delivered to the consumer, never lost
             self._q.put(_Raised(e))
         self._q.put(_END)
 
@@ -101,10 +102,8 @@ def close_quietly(it):
     for name in ("close", "__del__"):
         f = getattr(it, name, None)
         if f is not None:
-            try:
+            with contextlib.suppress(Exception):  # a row's close failing is not the benchmark's business
                 f()
-            except Exception:
-                pass
             return
 
 

@@ -36,8 +36,9 @@ def rotate(seq, k):
 
 
 def env_info():
-    import prefetch
     from _baselines import load_mx
+
+    import prefetch
     mx, _ = load_mx()
     info = {
         "python": platform.python_version(),

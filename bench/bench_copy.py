@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
-
 import _baselines as B
 import _stats as S
 import _util as U
+import numpy as np
 
 TITLE = "Copy throughput for large batches"
 

@@ -8,11 +8,10 @@ over N); close() is not.
 """
 from __future__ import annotations
 
-import numpy as np
-
 import _baselines as B
 import _stats as S
 import _util as U
+import numpy as np
 
 TITLE = "Hand-off cost per tiny batch"
 

@@ -13,17 +13,17 @@ A reused buffer faults nothing; a fresh allocation per batch faults every page
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
 import subprocess
 import sys
 
-import numpy as np
-
 import _baselines as B
 import _stats as S
 import _util as U
+import numpy as np
 
 TITLE = "Page faults per batch in steady state"
 
@@ -100,7 +100,7 @@ def _child(row, size, n, depth):
     B.close_quietly(it)
     used_faults = used_batches = 0
     skip_next = False
-    for (i0, f0, b0, _), (i1, f1, b1, _) in zip(marks, marks[1:]):
+    for (i0, f0, b0, _), (i1, f1, b1, _) in itertools.pairwise(marks):
         grew = b1 > b0
         if not grew and not skip_next:
             used_faults += f1 - f0
@@ -122,7 +122,7 @@ def run(cfg, say):
             say(f"{U.human_bytes(size)} x {n}: {row}")
             cmd = [sys.executable, os.path.abspath(__file__), row, str(size), str(n), str(depth)]
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg["timeout_s"])
+                p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=cfg["timeout_s"])
                 r = (json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0
                      else {"error": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"})
             except subprocess.TimeoutExpired:

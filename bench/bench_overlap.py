@@ -18,11 +18,10 @@ from __future__ import annotations
 import threading
 import time
 
-import numpy as np
-
 import _baselines as B
 import _stats as S
 import _util as U
+import numpy as np
 
 TITLE = "Overlap of producer and consumer work"
 

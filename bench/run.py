@@ -117,7 +117,7 @@ def main(argv=None):
             r["config"], r["wall_s"] = cfg, round(time.perf_counter() - t0, 1)
             results[s] = r
             verdicts += r["verdicts"]
-        except Exception:
+        except Exception:  # noqa: BLE001 - one crashed section must not lose the others' figures
             errors[s] = traceback.format_exc()
             print(f"\n[{s}] failed:\n{errors[s]}", file=sys.stderr)
         say(f"done in {time.perf_counter() - t0:.0f} s", final=True)
@@ -132,8 +132,8 @@ def main(argv=None):
     lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note and "; " in v.note]
     lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
               "inconclusive: the interval straddles the target (too noisy or too close to tell).",
-              f"Run: {env['time_utc']}, {wall:.0f} s; load average {load0 or 0:.2f} before, {load1 or 0:.2f} after "
-              f"(above ~0.5 per core other processes shared the machine: expect wide intervals).", ""]
+              (f"Run: {env['time_utc']}, {wall:.0f} s; load average {load0 or 0:.2f} before, {load1 or 0:.2f} after "
+               "(above ~0.5 per core other processes shared the machine: expect wide intervals)."), ""]
     for s in wanted:
         lines.append(f"== {mods[s].TITLE} ==")
         if s in errors:
