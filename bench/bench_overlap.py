@@ -201,7 +201,7 @@ def plot(ax, data):
         ax.bar([j + (i - (len(rows) - 1) / 2) * w for j in range(len(cases))], med, w,
                yerr=np.array([iv.errbar() for iv in ivs]).T, capsize=2, label=r)
     ax.axhline(GOAL, color="k", lw=0.8, ls="--", label=f"target {GOAL}")
-    ax.axhline(0.5, color="grey", lw=0.8, ls=":", label="no overlap at P = C")
+    ax.axhline(0.5, color="grey", lw=0.8, ls=":", label="no overlap (cases with P = C)")
     ax.set_xticks(range(len(cases)), [c.replace(", ", "\n").replace(" P", "\nP") for c in cases], fontsize=8)
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("N·max(P,C) / total time")

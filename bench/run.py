@@ -82,18 +82,20 @@ def _say(section):
     return say
 
 
-def _summary(env, quick, wanted, verdicts, mods):
+def _summary(env, quick, wanted, verdicts, mods, load):
     by = {}
     for v in verdicts:
         by.setdefault(v.status, []).append(v.target)
-    what = ", ".join(mods[s].TITLE[0].lower() + mods[s].TITLE[1:] for s in wanted)
+    what = ", ".join(t if t[1].isupper() else t[0].lower() + t[1:] for t in (mods[s].TITLE for s in wanted))
     counts = "; ".join(f"{st} {len(by[st])}" + (f" ({'; '.join(by[st])})" if st in (S.MET, S.MISSED) else "")
                        for st in (S.MET, S.MISSED, S.INCONCLUSIVE, S.NOT_RUN) if st in by)
     return (f"Measured {what} of prefetch against a plain loop, a threading + queue.Queue prefetcher"
             f"{' and mx.io.PrefetchingIter' if env['mxnet'] else ''} ({'quick' if quick else 'full'} run) "
             f"on {env['cpu']}, {env['cores']} cores, Python {env['python']}, numpy {env['numpy']}"
             f"{', mxnet ' + env['mxnet'] if env['mxnet'] else ''}. "
-            f"Of {len(verdicts)} targets: {counts or 'none judged'}.")
+            f"Of {len(verdicts)} targets: {counts or 'none judged'}."
+            + (f" The machine was busy (load average up to {load:.1f} on {env['cores']} cores): expect wide "
+               "intervals, and figures that differ from a quiet machine's." if load and load > 0.5 * env["cores"] else ""))
 
 
 def main(argv=None):
@@ -126,7 +128,7 @@ def main(argv=None):
     wall = time.perf_counter() - t_start
     load1 = U.load_average()
 
-    lines = [_summary(env, a.quick, wanted, verdicts, mods), ""]
+    lines = [_summary(env, a.quick, wanted, verdicts, mods, max(x or 0 for x in (load0, load1))), ""]
     lines += U.table_lines(["target", "measured: median [95% interval]", "verdict"],
                            [[v.target, v.measured, v.status.upper()] for v in verdicts], indent="")
     lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note and "; " in v.note]
