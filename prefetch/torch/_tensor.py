@@ -59,6 +59,7 @@ _CHANNELS_LAST = {
     4: (torch.channels_last, (0, 2, 3, 1), (0, 3, 1, 2)),
     5: (torch.channels_last_3d, (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)),
 }
+_STRIDED = torch.strided
 _PLAIN_TYPES = frozenset(t for t in (Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", None)) if t)
 
 
@@ -68,12 +69,14 @@ def copy_tensor(t: Tensor, plan: Any) -> Tensor:
     cls = type(t)
     if cls is not Tensor:
         return _copy_subclass(t, cls, plan)
-    if not t.is_cpu or t.layout is not torch.strided or t.is_quantized or t.is_nested:
+    if not t.is_cpu or t.layout is not _STRIDED:
         return _copy_unusual(t)
     if t.requires_grad:
         t = t.detach()
     back: tuple[int, ...] | None = None
-    if not t.is_contiguous():
+    # Quantized and nested tensors fail in .numpy() below (diagnosed there):
+    # checking them here would cost every tensor (a tiny batch's budget is ~1 µs a leaf).
+    if not t.is_contiguous() and not t.is_nested:
         fmt = _CHANNELS_LAST.get(t.dim())
         if fmt is not None and t.is_contiguous(memory_format=fmt[0]):
             t = t.permute(fmt[1])   # contiguous: one memcpy instead of a strided copy
@@ -82,6 +85,8 @@ def copy_tensor(t: Tensor, plan: Any) -> Tensor:
     try:
         src = (t if view is None else t.view(view)).numpy()
     except (RuntimeError, TypeError) as exc:
+        if t.is_quantized or t.is_nested:
+            return _copy_unusual(t)
         if not (t.is_conj() or t.is_neg()):
             raise TypeError(f"prefetch cannot copy a torch.Tensor of dtype {t.dtype}: {exc}") from exc
         # A lazy conjugate/negative view: torch materialises it into a tensor
