@@ -138,8 +138,9 @@ class _Images:
 
 
 def _loader_rows(cfg, torch):
-    import prefetch
     from torch.utils.data import DataLoader
+
+    import prefetch
     nb = cfg["loader_batches"]
     pins = [False, True] if torch.cuda.is_available() else [False]
 

@@ -109,7 +109,8 @@ def test_dropping_the_prefetcher_stops_the_loader(workers):
     """§5: no close(): dropping the last reference releases thread and workers."""
     p = Prefetcher(loader(Squares(400), workers, False), depth=2)
     check_batch(next(p), 0)
-    del p   # the fixtures check threads and processes are gone
+    with pytest.warns(ResourceWarning, match="unclosed prefetcher"):
+        del p   # the fixtures check threads and processes are gone
 
 
 def test_device_cpu_with_loader():
