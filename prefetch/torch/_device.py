@@ -24,7 +24,7 @@ another stream must call ``t.record_stream(its_stream)`` itself.
 
 Threading contract: ``deliver`` and ``ready`` run on the fetch thread with the
 GIL held, after the batch's host copies are complete; ``close`` in close().
-This path has not been run on a GPU here (tests/torch/gpu_check.py checks it).
+This path has not been run on a GPU here (tests/pytorch/gpu_check.py checks it).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """device=torch.device(...) (SPEC §2, §5, issue 12). This machine has no GPU:
-the CUDA path is checked by tests/torch/gpu_check.py on a machine with one;
+the CUDA path is checked by tests/pytorch/gpu_check.py on a machine with one;
 here, that it refuses clearly when CUDA is unavailable."""
 import itertools
 
@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-if not hasattr(torch, "Tensor"):  # no PyTorch: `import torch` found this folder (tests/ is on sys.path)
-    pytest.skip("PyTorch is not installed", allow_module_level=True)
 
 from prefetch import Prefetcher
 

@@ -2,7 +2,7 @@
 
 Not a pytest file (the CI machines have no GPU): run it once where one is,
 
-    PYTHONPATH=$PWD python tests/torch/gpu_check.py
+    PYTHONPATH=$PWD python tests/pytorch/gpu_check.py
 
 It prints one PASS/FAIL line per check and exits 1 if any failed; it takes a
 few seconds (well under 60 s).

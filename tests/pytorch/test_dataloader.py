@@ -9,8 +9,6 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
-if not hasattr(torch, "Tensor"):  # no PyTorch: `import torch` found this folder (tests/ is on sys.path)
-    pytest.skip("PyTorch is not installed", allow_module_level=True)
 
 from torch.utils.data import DataLoader, Dataset
 
