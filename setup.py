@@ -14,8 +14,9 @@ import sysconfig
 
 # A broken install fails here with what is missing and what to do, not with a traceback from the
 # build backend (issue 11). pip shows these lines under "error: subprocess-exited-with-error".
-if sys.version_info < (3, 10):
-    sys.exit(f"prefetch-ring needs Python >= 3.10; this is Python {sys.version.split()[0]} ({sys.executable}).\n"
+if sys.version_info < (3, 10):  # noqa: UP036 (requires-python is read only after this file ran)
+    sys.exit(f"prefetch-ring needs Python >= 3.10; this is Python {sys.version.split()[0]} "
+             f"({sys.executable}).\n"
              "Make a venv with a newer Python (e.g. python3.11 -m venv .venv) and install from there.")
 try:
     import numpy
