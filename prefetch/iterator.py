@@ -11,9 +11,10 @@ import itertools
 import math
 import numbers
 import weakref
-from typing import Any, Callable, Iterable, Optional, Sized
+from typing import Any, Iterable, Optional, Sized
 
-from prefetch._ring import _Core, _Iterator
+from prefetch import adapters
+from prefetch._core import _Core, _Iterator
 from prefetch._types import Stats
 
 _names = itertools.count(1)
@@ -58,8 +59,9 @@ class Prefetcher(_Iterator):
     workers : int, default 1
         Threads that copy; ``next(source)`` stays serialized and in order, the
         extra workers split the copying of large batches.
-    device : MXNet context or None
-        Deliver batches as NDArrays on this context (needs ``prefetch.mx``).
+    device : a framework's device object, or None
+        Deliver the array leaves there, through the adapter of the framework
+        that owns the device's type (see ``prefetch.adapters``).
     timeout : float or None
         Longest wait for one batch in ``next()``; past it ``TimeoutError``.
     max_bytes : int or None
@@ -91,15 +93,12 @@ class Prefetcher(_Iterator):
             iterator = iter(source)
         except TypeError:
             raise TypeError(f"source must be iterable, got {source!r} ({type(source).__name__})") from None
-        finish: Optional[Callable[[Any], Any]] = None
-        if device is not None:
-            from prefetch import mx   # needs MXNet; says what to install if it is missing
-            finish = mx._device_finisher(device)
+        # Validated once, here, by the adapter that owns the device's type.
+        delivery = None if device is None else adapters._open_device(device)
         # Kept only to answer len(): holding a generator would keep its last
         # batch alive after close().
         self._sized_source: Optional[Sized] = source if isinstance(source, Sized) else None
-        self._device = device
-        core = _Core(iterator, depth, workers, cap, name, finish)
+        core = _Core(iterator, depth, workers, cap, name, delivery)
         self._finalizer = weakref.finalize(self, core.close)
         self._core = core
         core.start()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from prefetch._ring import _Core
+from prefetch._core import _Core
 
 HAVE_MX = importlib.util.find_spec("mxnet") is not None
 

@@ -1,10 +1,10 @@
-"""The public API and the compiled core's stubs (prefetch/_ring.pyi) type-check
+"""The public API and the compiled core's stubs (prefetch/_core.pyi) type-check
 under mypy --strict, and the stubs name what the compiled module has."""
 import pathlib
 import subprocess
 import sys
 
-import prefetch._ring as ring
+import prefetch._core as core
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -16,7 +16,7 @@ def test_mypy_strict_passes():
 
 
 def test_stub_names_exist_in_compiled_module():
-    stub = (ROOT / "prefetch" / "_ring.pyi").read_text()
+    stub = (ROOT / "prefetch" / "_core.pyi").read_text()
     names = [line.split()[1].split("(")[0].rstrip(":") for line in stub.splitlines()
              if line.startswith(("def ", "class "))]
-    assert names and all(hasattr(ring, n) for n in names), [n for n in names if not hasattr(ring, n)]
+    assert names and all(hasattr(core, n) for n in names), [n for n in names if not hasattr(core, n)]
