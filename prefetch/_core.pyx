@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, auto_pickle=False
 # _core.pyx: the compiled core behind prefetch.Prefetcher. It names no
 # framework: numpy and the builtin containers are built in, everything else
 # comes through prefetch.adapters.
