@@ -6,6 +6,7 @@ Build modes, from the environment:
   PREFETCH_COVERAGE=1  --coverage, and Cython line tracing
   PREFETCH_ANNOTATE=1  write prefetch/_ring.html (Cython's GIL/Python-call map)
 """
+import glob
 import os
 import sys
 
@@ -51,4 +52,13 @@ ext = Extension(
     extra_link_args=link_args,
 )
 
-setup(ext_modules=cythonize([ext], compiler_directives=directives, annotate=flag("PREFETCH_ANNOTATE")))
+# Adapters' compiled helpers (prefetch/<framework>/_*.pyx) build with no edit
+# here. They link against nothing but libc: a framework's library is reached
+# through the one it has already loaded.
+adapters = [
+    Extension(path[:-4].replace("/", "."), [path], define_macros=macros,
+              extra_compile_args=compile_args, extra_link_args=link_args)
+    for path in sorted(glob.glob("prefetch/*/_*.pyx"))
+]
+
+setup(ext_modules=cythonize([ext] + adapters, compiler_directives=directives, annotate=flag("PREFETCH_ANNOTATE")))

@@ -31,7 +31,8 @@ except (ImportError, OSError, AttributeError) as _exc:
         "(mxnet==1.9.1 with numpy<1.24, Python <= 3.11); importing mxnet failed: "
         f"{_exc!r}") from _exc
 
-from . import ClosedError, Prefetcher, _ring
+from .. import ClosedError, Prefetcher, _ring
+from . import _engine
 
 __all__ = ["PrefetchingIter", "patch", "unpatch", "ClosedError"]
 
@@ -119,25 +120,17 @@ def _host_view(nd, shape, dtype):
 def _copy_ndarray(nd, copy_array):
     """Leaf hook: a fresh NDArray with ``nd``'s shape, dtype and values.
 
-    Host arrays: the core copies their memory into a pool block later in the
-    batch, without the GIL, and the NDArray we return owns that block (DLPack
-    keeps the numpy array alive until MXNet frees the NDArray).  Other contexts
-    (GPU, cpu(k>0), cpu_pinned, sparse, dtypes DLPack cannot carry) are copied
-    by the engine on their own context, complete before we return.
+    The copy is one engine op issued from C (``_engine.copy_leaf``): the engine
+    orders it after the op that writes ``nd`` and before every use of the
+    result, so the fetch thread never waits for it.  Sparse, 0-d and empty
+    arrays take MXNet's own copy, equally unwaited.
     """
-    ctx = nd.context
-    stype = nd.stype
-    if stype == "default" and (
-            (ctx.device_typeid == 1 and ctx.device_id == 0)  # cpu(0)
-            # cpu_shared only carries a DataLoader's batch between processes;
-            # the copy lands in the pool on cpu(0) and frees the shared segment.
-            or ctx.device_typeid == 5):
-        dtype = nd.dtype
-        shape = nd.shape
-        if dtype in _ZERO_COPY_TYPES and 0 not in shape:
-            return _wrap_block(copy_array(_host_view(nd, shape, dtype)))
-    out = nd.copy() if stype != "default" else nd.copyto(ctx)
-    out.wait_to_read()
+    out = _engine.copy_leaf(nd)
+    if out is None:
+        ctx = nd.context
+        if ctx.device_typeid == 5:  # cpu_shared: land the copy on cpu(0)
+            ctx = mx.cpu(0)
+        out = nd.copy() if nd.stype != "default" else nd.copyto(ctx)
     return out
 
 
@@ -172,7 +165,6 @@ def _device_finisher(device):
     ctx = _as_context(device)
 
     def finish(batch):
-        moved = []
 
         def move(leaf):
             if type(leaf) is np.ndarray and leaf.dtype in _MX_DTYPES:
@@ -185,14 +177,11 @@ def _device_finisher(device):
                 if ctx == mx.cpu(0):
                     return leaf
             if isinstance(leaf, mx.nd.NDArray) and leaf.context != ctx:
-                leaf = leaf.copyto(ctx)
-                moved.append(leaf)
+                leaf = _engine.copy_leaf(leaf, ctx) or leaf.copyto(ctx)
             return leaf
 
-        out = _ring.map_leaves(move, batch)
-        for nd in moved:
-            nd.wait_to_read()  # ctypes call: the GIL is released while it waits
-        return out
+        # No wait: the engine orders every use of the batch after its copies.
+        return _ring.map_leaves(move, batch)
 
     # For the core's close(), after it dropped the queued batches: SPEC §5 wants
     # the engine synchronised (device memory returned) before close() returns.
@@ -204,7 +193,7 @@ def _engine_sync():
     """Wait until the engine has run every pending op, frees included (a dropped
     NDArray's memory is freed by an engine op, and a pool block behind one is
     released only then).  Never call it from an engine callback or a finalizer."""
-    mx.nd.waitall()
+    _engine.wait_all()
 
 
 _ring.register_leaf(mx.nd.NDArray, _copy_ndarray)

@@ -1,0 +1,180 @@
+# cython: language_level=3
+# _engine.pyx: copy an NDArray leaf by issuing one engine op, from C (issue 9).
+#
+# Why: the Python path cost ~12 us of ctypes calls per leaf and blocked the
+# fetch thread on the engine (wait_to_read) for every leaf. Here a leaf costs a
+# few C calls into the libmxnet that MXNet already loaded: read shape, dtype,
+# context and storage type, create the destination NDArray, and push one
+# `_copyto` op. The engine's dependency tracking orders that copy after the
+# op that produces the source and before every later use of the copy
+# (asnumpy(), wait_to_read(), any operator), so nobody waits here.
+#
+# Nothing links against libmxnet at build time: the function addresses are
+# taken once, at import, from mxnet.base._LIB (a ctypes.CDLL) and cast to the
+# C signatures below, copied from MXNet 1.9.1's include/mxnet/c_api.h.
+from libc.stdint cimport int64_t, uint32_t
+
+import ctypes
+import warnings
+
+with warnings.catch_warnings():
+    # mxnet 1.9.1 touches np.bool at import: a DeprecationWarning on numpy 1.23.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from mxnet.base import _LIB, MXNetError, NDArrayHandle
+    from mxnet.ndarray.ndarray import NDArray, _int64_enabled
+
+ctypedef void *Handle
+ctypedef int (*GetShape32)(Handle, int *, const int **) nogil
+ctypedef int (*GetShape64)(Handle, int *, const int64_t **) nogil
+ctypedef int (*GetInt)(Handle, int *) nogil
+ctypedef int (*GetContext)(Handle, int *, int *) nogil
+ctypedef int (*Create32)(const uint32_t *, uint32_t, int, int, int, int, Handle *) nogil
+ctypedef int (*Create64)(const int64_t *, int, int, int, int, int, Handle *) nogil
+ctypedef int (*Invoke)(Handle, int, Handle *, int *, Handle **, int, const char **,
+                       const char **) nogil
+ctypedef int (*Free)(Handle) nogil
+ctypedef int (*WaitAll)() nogil
+ctypedef const char *(*LastError)() nogil
+ctypedef int (*OpHandle)(const char *, Handle *) nogil
+
+# MXNet's enums (include/mxnet/base.h, ndarray.h): Context::DeviceType, NDArrayStorageType.
+cdef enum:
+    DEV_CPU = 1
+    DEV_CPU_SHARED = 5
+    STYPE_DEFAULT = 0
+    MAX_NDIM = 32
+# Below this a copy is cheaper than releasing the GIL and getting it back
+# (the core draws the same line); above it the calls run without the GIL in
+# case the engine runs the copy inline (MXNET_ENGINE_TYPE=NaiveEngine).
+cdef size_t NOGIL_MIN_BYTES = 1 << 16
+# Bytes per element of MXNet's dtype codes 0..12 (mshadow's TypeFlag):
+# float32, float64, float16, uint8, int32, int8, int64, bool, int16, uint16,
+# uint32, uint64, bfloat16.
+cdef int ITEMSIZE[13]
+ITEMSIZE[:] = [4, 8, 2, 1, 4, 1, 8, 1, 2, 2, 4, 8, 2]
+
+cdef bint _int64 = _int64_enabled()
+cdef GetShape32 _get_shape32 = NULL
+cdef GetShape64 _get_shape64 = NULL
+cdef Create32 _create32 = NULL
+cdef Create64 _create64 = NULL
+cdef GetInt _get_dtype = <GetInt><size_t>ctypes.cast(_LIB.MXNDArrayGetDType, ctypes.c_void_p).value
+cdef GetInt _get_stype = <GetInt><size_t>ctypes.cast(_LIB.MXNDArrayGetStorageType, ctypes.c_void_p).value
+cdef GetContext _get_context = <GetContext><size_t>ctypes.cast(_LIB.MXNDArrayGetContext, ctypes.c_void_p).value
+cdef Invoke _invoke = <Invoke><size_t>ctypes.cast(_LIB.MXImperativeInvoke, ctypes.c_void_p).value
+cdef Free _free = <Free><size_t>ctypes.cast(_LIB.MXNDArrayFree, ctypes.c_void_p).value
+cdef WaitAll _wait_all = <WaitAll><size_t>ctypes.cast(_LIB.MXNDArrayWaitAll, ctypes.c_void_p).value
+cdef LastError _last_error = <LastError><size_t>ctypes.cast(_LIB.MXGetLastError, ctypes.c_void_p).value
+if _int64:
+    _get_shape64 = <GetShape64><size_t>ctypes.cast(_LIB.MXNDArrayGetShapeEx64, ctypes.c_void_p).value
+    _create64 = <Create64><size_t>ctypes.cast(_LIB.MXNDArrayCreateEx64, ctypes.c_void_p).value
+else:
+    _get_shape32 = <GetShape32><size_t>ctypes.cast(_LIB.MXNDArrayGetShapeEx, ctypes.c_void_p).value
+    _create32 = <Create32><size_t>ctypes.cast(_LIB.MXNDArrayCreateEx, ctypes.c_void_p).value
+
+cdef Handle _copyto_op = NULL
+cdef OpHandle _op_handle = <OpHandle><size_t>ctypes.cast(_LIB.NNGetOpHandle, ctypes.c_void_p).value
+if _op_handle(b"_copyto", &_copyto_op) != 0 or _copyto_op == NULL:
+    raise ImportError("prefetch.mx: MXNet has no _copyto operator")
+
+
+cdef int _error() except -1:
+    # MXGetLastError is thread-local: read it on the thread whose call failed.
+    raise MXNetError((<bytes>_last_error()).decode("utf-8", "replace"))
+
+
+cdef inline Handle _handle_of(object nd) except? NULL:
+    h = nd.handle.value
+    if h is None:
+        raise ValueError("prefetch.mx: an NDArray without a handle (it was freed)")
+    return <Handle><size_t>h
+
+
+cdef int _push_copy(Handle src, int ndim, const int64_t *shape, int dtype, int dev_type,
+                    int dev_id, Handle *out) noexcept nogil:
+    """Create the destination (delay-allocated, as NDArray.copyto does) and push
+    the copy; 0 or MXNet's -1 (then *out is NULL and nothing leaks)."""
+    cdef uint32_t shape32[MAX_NDIM]
+    cdef int i, rc, nout = 1
+    cdef Handle dst = NULL
+    cdef Handle *outs = &dst
+    if _int64:
+        rc = _create64(shape, ndim, dev_type, dev_id, 1, dtype, &dst)
+    else:
+        for i in range(ndim):
+            shape32[i] = <uint32_t>shape[i]
+        rc = _create32(shape32, <uint32_t>ndim, dev_type, dev_id, 1, dtype, &dst)
+    if rc != 0:
+        out[0] = NULL
+        return rc
+    rc = _invoke(_copyto_op, 1, &src, &nout, &outs, 0, NULL, NULL)
+    if rc != 0:
+        _free(dst)
+        dst = NULL
+    out[0] = dst
+    return rc
+
+
+def copy_leaf(object nd, object device=None):
+    """A fresh NDArray with ``nd``'s shape, dtype and values, or None.
+
+    On ``device`` (an mx.Context) when given, else on ``nd``'s own context
+    (``cpu_shared`` becomes ``cpu(0)``: that context only carries a DataLoader's
+    batch between processes). The copy is issued to the engine, not waited for.
+    None when this path does not apply (sparse storage, 0-d, an empty or
+    unknown shape, an unknown dtype): the caller copies through Python.
+    """
+    cdef Handle src = _handle_of(nd)
+    cdef Handle dst = NULL
+    cdef int ndim = 0, dtype = 0, stype = 0, dev_type = 0, dev_id = 0, i, rc
+    cdef const int *shape32 = NULL
+    cdef const int64_t *shape64 = NULL
+    cdef int64_t shape[MAX_NDIM]
+    cdef size_t nbytes
+    if _get_stype(src, &stype) != 0 or _get_dtype(src, &dtype) != 0:
+        _error()
+    if stype != STYPE_DEFAULT or not 0 <= dtype < 13:
+        return None
+    if _int64:
+        rc = _get_shape64(src, &ndim, &shape64)
+    else:
+        rc = _get_shape32(src, &ndim, &shape32)
+    if rc != 0:
+        _error()
+    if ndim < 1 or ndim > MAX_NDIM:
+        return None
+    nbytes = ITEMSIZE[dtype]
+    for i in range(ndim):
+        # The shape buffer is MXNet's thread-local: copy it before the next call.
+        shape[i] = shape64[i] if _int64 else shape32[i]
+        if shape[i] <= 0:   # 0 is "unknown" in MXNet's legacy shape semantics
+            return None
+        nbytes *= <size_t>shape[i]
+    if device is None:
+        if _get_context(src, &dev_type, &dev_id) != 0:
+            _error()
+        if dev_type == DEV_CPU_SHARED:
+            dev_type, dev_id = DEV_CPU, 0
+    else:
+        dev_type, dev_id = device.device_typeid, device.device_id
+    if nbytes >= NOGIL_MIN_BYTES:
+        with nogil:
+            rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, &dst)
+    else:
+        rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, &dst)
+    if rc != 0:
+        _error()
+    try:
+        return NDArray(NDArrayHandle(<size_t>dst))
+    except BaseException:
+        _free(dst)
+        raise
+
+
+def wait_all():
+    """MXNDArrayWaitAll without the GIL: every pushed op (frees included) has run."""
+    cdef int rc
+    with nogil:
+        rc = _wait_all()
+    if rc != 0:
+        _error()
