@@ -9,7 +9,7 @@ import pytest
 
 from prefetch import ClosedError, Prefetcher
 from prefetch._ring import _Core
-from sources import BlockingSource
+from support import BlockingSource
 
 
 class SourceError(Exception):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from conftest import run_python
+from support import run_python
 
 
 def rss_bytes():

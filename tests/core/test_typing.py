@@ -6,7 +6,7 @@ import sys
 
 import prefetch._ring as ring
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_mypy_strict_passes():

@@ -9,7 +9,7 @@ import pytest
 
 import prefetch
 from prefetch import Prefetcher
-from sources import RefillingSource
+from support import RefillingSource
 
 
 def reference(batch):
@@ -302,7 +302,7 @@ def test_fill_counts_batches_ready_and_never_exceeds_depth():
     The producer takes a free slot before it calls next(source), so when the
     source is asked for batch 3, batches 0-2 filled the ring (peak 3) and one
     was consumed (fill 2)."""
-    from sources import BlockingSource
+    from support import BlockingSource
     src = BlockingSource(ready=3, then=[np.zeros(3)])
     with Prefetcher(src, depth=3) as p:
         next(p)
