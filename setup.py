@@ -56,7 +56,7 @@ ext = Extension(
 # here. They link against nothing but libc: a framework's library is reached
 # through the one it has already loaded.
 adapters = [
-    Extension(path[:-4].replace("/", "."), [path], define_macros=macros,
+    Extension(path[:-4].replace("/", "."), [path], include_dirs=["csrc"], define_macros=macros,
               extra_compile_args=compile_args, extra_link_args=link_args)
     for path in sorted(glob.glob("prefetch/*/_*.pyx"))
 ]

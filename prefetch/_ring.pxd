@@ -129,3 +129,11 @@ cdef class _Iterator:
     # Base of the Python Prefetcher; holds what __next__ needs.
     cdef public _Core _core        # None until Prefetcher.__init__ completes
     cdef public object _timeout    # seconds or None, passed to take()
+
+
+# For adapters' compiled helpers (cimported; shared through the module's C API
+# capsule, so they link against nothing): a pool block of the core's pool for
+# this batch, counted in its bytes, filled by the adapter (e.g. by MXNet's
+# engine), and the C call that gives it back from any thread, GIL or not.
+cdef pf_block *take_block(_Core core, size_t nbytes) except NULL
+cdef void put_block(pf_block *blk) noexcept nogil

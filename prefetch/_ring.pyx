@@ -623,3 +623,18 @@ def _add_note(exc, note):
             notes = []
         notes.append(note)
         exc.__notes__ = notes
+
+
+cdef pf_block *take_block(_Core core, size_t nbytes) except NULL:
+    cdef pf_block *blk
+    if core._pool == NULL:
+        raise _Closing()
+    blk = pf_pool_get(core._pool, nbytes)
+    if blk == NULL:
+        raise MemoryError(f"prefetch: cannot allocate {nbytes} bytes for an array")
+    core._batch_bytes += nbytes
+    return blk
+
+
+cdef void put_block(pf_block *blk) noexcept nogil:
+    pf_pool_put(blk)

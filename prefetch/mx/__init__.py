@@ -125,7 +125,8 @@ def _copy_ndarray(nd, copy_array):
     result, so the fetch thread never waits for it.  Sparse, 0-d and empty
     arrays take MXNet's own copy, equally unwaited.
     """
-    out = _engine.copy_leaf(nd)
+    # The core's plan today is its bound copy_array; its __self__ is the core.
+    out = _engine.copy_leaf(nd, copy_array.__self__)
     if out is None:
         ctx = nd.context
         if ctx.device_typeid == 5:  # cpu_shared: land the copy on cpu(0)
@@ -177,7 +178,8 @@ def _device_finisher(device):
                 if ctx == mx.cpu(0):
                     return leaf
             if isinstance(leaf, mx.nd.NDArray) and leaf.context != ctx:
-                leaf = _engine.copy_leaf(leaf, ctx) or leaf.copyto(ctx)
+                moved = _engine.copy_leaf(leaf, None, ctx)
+                leaf = leaf.copyto(ctx) if moved is None else moved
             return leaf
 
         # No wait: the engine orders every use of the batch after its copies.

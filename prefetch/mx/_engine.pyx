@@ -12,7 +12,10 @@
 # Nothing links against libmxnet at build time: the function addresses are
 # taken once, at import, from mxnet.base._LIB (a ctypes.CDLL) and cast to the
 # C signatures below, copied from MXNet 1.9.1's include/mxnet/c_api.h.
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+from prefetch._ring cimport _Core, pf_block, put_block, take_block
 
 import ctypes
 import warnings
@@ -22,6 +25,13 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from mxnet.base import _LIB, MXNetError, NDArrayHandle
     from mxnet.ndarray.ndarray import NDArray, _int64_enabled
+
+# MXNet's enums (include/mxnet/base.h, ndarray.h): Context::DeviceType, NDArrayStorageType.
+cdef enum:
+    DEV_CPU = 1
+    DEV_CPU_SHARED = 5
+    STYPE_DEFAULT = 0
+    MAX_NDIM = 32
 
 ctypedef void *Handle
 ctypedef int (*GetShape32)(Handle, int *, const int **) nogil
@@ -37,12 +47,36 @@ ctypedef int (*WaitAll)() nogil
 ctypedef const char *(*LastError)() nogil
 ctypedef int (*OpHandle)(const char *, Handle *) nogil
 
-# MXNet's enums (include/mxnet/base.h, ndarray.h): Context::DeviceType, NDArrayStorageType.
-cdef enum:
-    DEV_CPU = 1
-    DEV_CPU_SHARED = 5
-    STYPE_DEFAULT = 0
-    MAX_NDIM = 32
+# DLPack as MXNet 1.9.1 ships it (include/dlpack/dlpack.h, v0.2: DLContext).
+ctypedef struct DLContext:
+    int device_type
+    int device_id
+ctypedef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+ctypedef struct DLTensor:
+    void *data
+    DLContext ctx
+    int ndim
+    DLDataType dtype
+    int64_t *shape
+    int64_t *strides
+    uint64_t byte_offset
+ctypedef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void *manager_ctx
+    void (*deleter)(DLManagedTensor *) noexcept nogil
+ctypedef int (*FromDLPack)(DLManagedTensor *, bint, Handle *) nogil
+
+# What MXNet's NDArray over a pool block holds: the DLPack description it reads
+# (shape included: with transient_handle=False MXNet keeps this struct) and the
+# block, given back by _release when MXNet frees the NDArray.
+ctypedef struct Holder:
+    DLManagedTensor managed   # first: the deleter gets its address
+    pf_block *blk
+    int64_t shape[MAX_NDIM]
+
 # Below this a copy is cheaper than releasing the GIL and getting it back
 # (the core draws the same line); above it the calls run without the GIL in
 # case the engine runs the copy inline (MXNET_ENGINE_TYPE=NaiveEngine).
@@ -52,6 +86,13 @@ cdef size_t NOGIL_MIN_BYTES = 1 << 16
 # uint32, uint64, bfloat16.
 cdef int ITEMSIZE[13]
 ITEMSIZE[:] = [4, 8, 2, 1, 4, 1, 8, 1, 2, 2, 4, 8, 2]
+# Their DLPack (code, bits) for the first 8, as MXNet's TBlob maps them back
+# (kDLFloat 2, kDLUInt 1, kDLInt 0; bool is 1-bit uint); the rest (int16,
+# uint16, uint32, uint64, bfloat16) get an engine-allocated destination.
+cdef uint8_t DL_CODE[8]
+cdef uint8_t DL_BITS[8]
+DL_CODE[:] = [2, 2, 2, 1, 0, 0, 0, 1]
+DL_BITS[:] = [32, 64, 16, 8, 32, 8, 64, 1]
 
 cdef bint _int64 = _int64_enabled()
 cdef GetShape32 _get_shape32 = NULL
@@ -64,6 +105,7 @@ cdef GetContext _get_context = <GetContext><size_t>ctypes.cast(_LIB.MXNDArrayGet
 cdef Invoke _invoke = <Invoke><size_t>ctypes.cast(_LIB.MXImperativeInvoke, ctypes.c_void_p).value
 cdef Free _free = <Free><size_t>ctypes.cast(_LIB.MXNDArrayFree, ctypes.c_void_p).value
 cdef WaitAll _wait_all = <WaitAll><size_t>ctypes.cast(_LIB.MXNDArrayWaitAll, ctypes.c_void_p).value
+cdef FromDLPack _from_dlpack = <FromDLPack><size_t>ctypes.cast(_LIB.MXNDArrayFromDLPackEx, ctypes.c_void_p).value
 cdef LastError _last_error = <LastError><size_t>ctypes.cast(_LIB.MXGetLastError, ctypes.c_void_p).value
 if _int64:
     _get_shape64 = <GetShape64><size_t>ctypes.cast(_LIB.MXNDArrayGetShapeEx64, ctypes.c_void_p).value
@@ -90,15 +132,28 @@ cdef inline Handle _handle_of(object nd) except? NULL:
     return <Handle><size_t>h
 
 
+cdef void _release(DLManagedTensor *managed) noexcept nogil:
+    # MXNet's NDArray over a block is gone: every op on it has run (they hold
+    # it until then). Any thread, often an engine worker: no Python here.
+    cdef Holder *h = <Holder *>managed
+    put_block(h.blk)
+    free(h)
+
+
 cdef int _push_copy(Handle src, int ndim, const int64_t *shape, int dtype, int dev_type,
-                    int dev_id, Handle *out) noexcept nogil:
-    """Create the destination (delay-allocated, as NDArray.copyto does) and push
-    the copy; 0 or MXNet's -1 (then *out is NULL and nothing leaks)."""
+                    int dev_id, Holder *h, Handle *out) noexcept nogil:
+    """Create the destination and push the copy; 0 or MXNet's -1 (then *out is
+    NULL and nothing leaks). The destination is the pool block behind ``h``
+    when given, else MXNet's (delay-allocated, as NDArray.copyto does)."""
     cdef uint32_t shape32[MAX_NDIM]
     cdef int i, rc, nout = 1
     cdef Handle dst = NULL
     cdef Handle *outs = &dst
-    if _int64:
+    if h != NULL:
+        rc = _from_dlpack(&h.managed, False, &dst)
+        if rc != 0:
+            _release(&h.managed)
+    elif _int64:
         rc = _create64(shape, ndim, dev_type, dev_id, 1, dtype, &dst)
     else:
         for i in range(ndim):
@@ -115,15 +170,46 @@ cdef int _push_copy(Handle src, int ndim, const int64_t *shape, int dtype, int d
     return rc
 
 
-def copy_leaf(object nd, object device=None):
+cdef Holder *_holder(_Core core, int ndim, const int64_t *shape, int dtype,
+                     size_t nbytes) except NULL:
+    cdef Holder *h = <Holder *>malloc(sizeof(Holder))
+    cdef int i
+    if h == NULL:
+        raise MemoryError("prefetch.mx: out of memory")
+    try:
+        h.blk = take_block(core, nbytes)
+    except BaseException:
+        free(h)
+        raise
+    h.managed.dl_tensor.data = h.blk.data
+    h.managed.dl_tensor.ctx.device_type = DEV_CPU
+    h.managed.dl_tensor.ctx.device_id = 0
+    h.managed.dl_tensor.ndim = ndim
+    h.managed.dl_tensor.dtype.code = DL_CODE[dtype]
+    h.managed.dl_tensor.dtype.bits = DL_BITS[dtype]
+    h.managed.dl_tensor.dtype.lanes = 1
+    for i in range(ndim):
+        h.shape[i] = shape[i]
+    h.managed.dl_tensor.shape = h.shape
+    h.managed.dl_tensor.strides = NULL   # C-contiguous
+    h.managed.dl_tensor.byte_offset = 0
+    h.managed.manager_ctx = NULL
+    h.managed.deleter = _release
+    return h
+
+
+def copy_leaf(object nd, object core=None, object device=None):
     """A fresh NDArray with ``nd``'s shape, dtype and values, or None.
 
     On ``device`` (an mx.Context) when given, else on ``nd``'s own context
     (``cpu_shared`` becomes ``cpu(0)``: that context only carries a DataLoader's
-    batch between processes). The copy is issued to the engine, not waited for.
+    batch between processes). On cpu(0) the copy lands in a block of ``core``'s
+    pool (a prefetcher's ``_Core``), which goes back to the pool when MXNet
+    frees the NDArray. The copy is issued to the engine, not waited for.
     None when this path does not apply (sparse storage, 0-d, an empty or
     unknown shape, an unknown dtype): the caller copies through Python.
     """
+    cdef Holder *h = NULL
     cdef Handle src = _handle_of(nd)
     cdef Handle dst = NULL
     cdef int ndim = 0, dtype = 0, stype = 0, dev_type = 0, dev_id = 0, i, rc
@@ -157,11 +243,13 @@ def copy_leaf(object nd, object device=None):
             dev_type, dev_id = DEV_CPU, 0
     else:
         dev_type, dev_id = device.device_typeid, device.device_id
+    if core is not None and dev_type == DEV_CPU and dev_id == 0 and dtype < 8:
+        h = _holder(<_Core?>core, ndim, shape, dtype, nbytes)
     if nbytes >= NOGIL_MIN_BYTES:
         with nogil:
-            rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, &dst)
+            rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, h, &dst)
     else:
-        rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, &dst)
+        rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, h, &dst)
     if rc != 0:
         _error()
     try:

@@ -4,7 +4,6 @@ import ctypes
 import gc
 import os
 import warnings
-import weakref
 
 import numpy as np
 import pytest
@@ -150,26 +149,21 @@ def test_bad_device_fails_at_construction():
             prefetch.Prefetcher([1], device=mx.gpu(0))
 
 
-def test_ndarrays_queued_at_close_are_released(monkeypatch):
-    """§5: close() drops queued NDArrays and syncs the engine: their blocks are freed."""
-    blocks = []
-    wrap_block = pmx._wrap_block
+def test_ndarrays_queued_at_close_are_released():
+    """§5: close() drops queued NDArrays and syncs the engine: their pool blocks
+    are freed before it returns; only the one behind the batch kept stays."""
+    from prefetch._ring import _live_counts
 
-    def recording_wrap_block(block):
-        blocks.append(weakref.ref(block))
-        return wrap_block(block)
-
-    monkeypatch.setattr(pmx, "_wrap_block", recording_wrap_block)
+    blocks = _live_counts()["blocks"]
     x = mx.nd.ones((64, 1024))
     it = pmx.PrefetchingIter(mx.io.NDArrayIter(x, mx.nd.ones(64), 4), depth=4)
     kept = it.next().data[0]
     with it._feed.cond:  # wait until the prefetcher has pulled depth batches ahead
         assert it._feed.cond.wait_for(lambda: it._feed.rounds >= 5, timeout=15)
+    assert _live_counts()["blocks"] - blocks >= 2 * 4  # data + label of 4 queued batches
     it.close()
     gc.collect()
-    alive = [r for r in blocks if r() is not None]
-    assert len(blocks) >= 2
-    assert len(alive) == 1  # only the block behind `kept`
+    assert _live_counts()["blocks"] - blocks == 1  # only the block behind `kept`
     assert (kept.asnumpy() == 1).all()
 
 
