@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -49,6 +50,7 @@ def one(mx, row, shape, nbatches):
         import prefetch.mx as pmx
         it = pmx.PrefetchingIter(it, depth=1 if row == OURS1 else 4)
     mx.nd.waitall()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     n = 0
     for batch in it:
@@ -59,12 +61,13 @@ def one(mx, row, shape, nbatches):
         x.wait_to_read()
         n += 1
     t = time.perf_counter() - t0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     if row == MXPF:
         it.__del__()  # mx's class keeps its thread otherwise
     elif hasattr(it, "close"):
         it.close()
     assert n == nbatches, (row, n)
-    return t / n
+    return t / n, faults / n
 
 
 def run(shapes=SHAPES, reps=5, target_s=0.3, rows=ROWS):
@@ -72,20 +75,23 @@ def run(shapes=SHAPES, reps=5, target_s=0.3, rows=ROWS):
     out = {}
     for shape in shapes:
         # batches per pass: about target_s on the plain loop, 20..3000
-        per = one(mx, PLAIN, shape, 20)
+        per = one(mx, PLAIN, shape, 20)[0]
         nb = max(20, min(3000, int(target_s / per)))
         times = {r: [] for r in rows}
+        faults = {r: [] for r in rows}
         for rep in range(reps):
             order = rows[rep % len(rows):] + rows[:rep % len(rows)]
             for r in order:
-                times[r].append(one(mx, r, shape, nb) * 1e6)
-        out[shape] = (nb, times)
+                t, f = one(mx, r, shape, nb)
+                times[r].append(t * 1e6)
+                faults[r].append(f)
+        out[shape] = (nb, times, faults)
     return out
 
 
 def report(out):
     lines = []
-    for shape, (nb, times) in out.items():
+    for shape, (nb, times, faults) in out.items():
         plain = times.get(PLAIN)
         lines.append(f"source NDArrayIter batch {shape}, {nb} batches/pass, µs per batch "
                      "(median [min..max]; extra = row - plain, same rep)")
@@ -95,6 +101,9 @@ def report(out):
             if plain and r != PLAIN:
                 extra = [a - b for a, b in zip(xs, plain)]
                 txt += f"   extra {statistics.median(extra):8.1f}  ratio {med / statistics.median(plain):.3f}"
+            else:
+                txt += " " * 37
+            txt += f"  faults/batch {statistics.median(faults[r]):7.1f}"
             lines.append(txt)
         if COPY in times and OURS4 in times:
             c, o1, o4 = (statistics.median(times[k]) for k in (COPY, OURS1, OURS4))

@@ -228,6 +228,11 @@ class _Feed:
         self.in_round = False
         self.stopped = False  # set by reset()/close(): no round starts after it
         self.done = False     # the iterators ended (or raised): no more rounds
+        # The previous round's source arrays. The next round starts once the
+        # engine has copied them: the fetch thread runs at most one batch ahead
+        # of the engine, so a source that allocates every batch (NDArrayIter's
+        # slices) has no backlog of arrays alive (each fresh one page-faults).
+        self.last = []
 
     def __iter__(self):
         return self
@@ -240,6 +245,9 @@ class _Feed:
                 raise StopIteration
             self.in_round = True
         try:
+            last, self.last = self.last, []
+            _engine.wait_unused(last)
+            last = None
             batch = self.round()
         finally:
             with self.cond:
@@ -247,6 +255,7 @@ class _Feed:
                 self.cond.notify_all()
         if batch is None:
             raise StopIteration
+        self.last = [x for x in batch.data + batch.label if isinstance(x, mx.nd.NDArray)]
         return batch
 
     def round(self):
@@ -290,6 +299,7 @@ class _Feed:
         on a stuck source, the prefetcher's close() bounds that)."""
         with self.cond:
             self.stopped = True
+            self.last = []
             self.cond.notify_all()
             try:
                 while wait and self.in_round:

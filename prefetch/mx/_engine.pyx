@@ -104,6 +104,7 @@ cdef GetInt _get_stype = <GetInt><size_t>ctypes.cast(_LIB.MXNDArrayGetStorageTyp
 cdef GetContext _get_context = <GetContext><size_t>ctypes.cast(_LIB.MXNDArrayGetContext, ctypes.c_void_p).value
 cdef Invoke _invoke = <Invoke><size_t>ctypes.cast(_LIB.MXImperativeInvoke, ctypes.c_void_p).value
 cdef Free _free = <Free><size_t>ctypes.cast(_LIB.MXNDArrayFree, ctypes.c_void_p).value
+cdef Free _wait_to_write = <Free><size_t>ctypes.cast(_LIB.MXNDArrayWaitToWrite, ctypes.c_void_p).value
 cdef WaitAll _wait_all = <WaitAll><size_t>ctypes.cast(_LIB.MXNDArrayWaitAll, ctypes.c_void_p).value
 cdef FromDLPack _from_dlpack = <FromDLPack><size_t>ctypes.cast(_LIB.MXNDArrayFromDLPackEx, ctypes.c_void_p).value
 cdef LastError _last_error = <LastError><size_t>ctypes.cast(_LIB.MXGetLastError, ctypes.c_void_p).value
@@ -123,6 +124,25 @@ if _op_handle(b"_copyto", &_copyto_op) != 0 or _copyto_op == NULL:
 cdef int _error() except -1:
     # MXGetLastError is thread-local: read it on the thread whose call failed.
     raise MXNetError((<bytes>_last_error()).decode("utf-8", "replace"))
+
+
+cdef size_t _nbytes(Handle h) except? 0:
+    """Bytes of a default-storage NDArray's data; 0 when unknown."""
+    cdef int ndim = 0, dtype = 0, i, rc
+    cdef const int *shape32 = NULL
+    cdef const int64_t *shape64 = NULL
+    cdef size_t n
+    if _get_dtype(h, &dtype) != 0:
+        _error()
+    if not 0 <= dtype < 13:
+        return 0
+    rc = _get_shape64(h, &ndim, &shape64) if _int64 else _get_shape32(h, &ndim, &shape32)
+    if rc != 0:
+        _error()
+    n = ITEMSIZE[dtype]
+    for i in range(ndim):
+        n *= <size_t>(shape64[i] if _int64 else shape32[i])
+    return n if ndim > 0 else 0
 
 
 cdef inline Handle _handle_of(object nd) except? NULL:
@@ -266,3 +286,34 @@ def wait_all():
         rc = _wait_all()
     if rc != 0:
         _error()
+
+
+def wait_unused(list nds):
+    """Return when no engine op still reads or writes any NDArray in ``nds``
+    (MXNDArrayWaitToWrite on each, without the GIL): e.g. the copies of the
+    previous batch have read its source arrays. Not when they hold less than
+    NOGIL_MIN_BYTES in all: a backlog of small arrays costs nothing (malloc
+    reuses them without page faults), and a wait costs a thread wake-up."""
+    cdef Py_ssize_t i, n = len(nds)
+    cdef int rc = 0
+    cdef Handle *hs
+    cdef size_t nbytes = 0
+    for i in range(n):
+        nbytes += _nbytes(_handle_of(nds[i]))
+    if nbytes < NOGIL_MIN_BYTES:
+        return
+    hs = <Handle *>malloc(n * sizeof(Handle))
+    if hs == NULL:
+        raise MemoryError("prefetch.mx: out of memory")
+    try:
+        for i in range(n):
+            hs[i] = _handle_of(nds[i])
+        with nogil:
+            for i in range(n):
+                rc = _wait_to_write(hs[i])
+                if rc != 0:
+                    break
+        if rc != 0:
+            _error()
+    finally:
+        free(hs)
