@@ -18,7 +18,7 @@ faulthandler.enable()
 def no_leaks():
     """SPEC §5: after each test no thread, core, pool, block or copy helper
     outlives its prefetcher (the counters come from the compiled core)."""
-    from prefetch._ring import _live_counts
+    from prefetch._core import _live_counts
 
     gc.collect()
     threads_before = set(threading.enumerate())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from prefetch._ring import _Core
+from prefetch._core import _Core
 from support import BlockingSource
 
 

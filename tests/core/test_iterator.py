@@ -12,17 +12,6 @@ from prefetch import Prefetcher
 from support import RefillingSource
 
 
-def reference(batch):
-    """A plain deep copy: what every prefetched batch must equal."""
-    if isinstance(batch, np.ndarray):
-        return batch.copy()
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(reference(x) for x in batch)
-    if isinstance(batch, dict):
-        return {k: reference(v) for k, v in batch.items()}
-    return batch
-
-
 @pytest.mark.parametrize("depth,workers", [(1, 1), (2, 1), (4, 2), (7, 4), (64, 2)])
 def test_order_and_completeness_over_10k_batches(depth, workers):
     """§2: every batch exactly once, in order, for any depth and worker count."""

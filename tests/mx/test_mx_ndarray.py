@@ -16,6 +16,7 @@ from mxnet.base import _LIB, check_call  # noqa: E402
 
 import prefetch  # noqa: E402
 import prefetch.mx as pmx  # noqa: E402
+from prefetch._core import _live_counts  # noqa: E402
 
 
 def address(nd):
@@ -152,8 +153,6 @@ def test_bad_device_fails_at_construction():
 def test_ndarrays_queued_at_close_are_released():
     """§5: close() drops queued NDArrays and syncs the engine: their pool blocks
     are freed before it returns; only the one behind the batch kept stays."""
-    from prefetch._ring import _live_counts
-
     blocks = _live_counts()["blocks"]
     x = mx.nd.ones((64, 1024))
     it = pmx.PrefetchingIter(mx.io.NDArrayIter(x, mx.nd.ones(64), 4), depth=4)

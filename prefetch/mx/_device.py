@@ -1,0 +1,64 @@
+"""``device=`` an MXNet context (SPEC §2, §5): validated once, in the
+Prefetcher's constructor; every array leaf delivered there as an NDArray; the
+engine synchronised once, at close.
+
+Threading contract: ``deliver`` and ``ready`` run on the fetch thread with the
+GIL held, after the batch's host copies are complete; ``close`` in close().
+NDArray leaves were already copied to the context by their leaf hook
+(prefetch.mx._ndarray reads ``plan.device.ctx``).
+"""
+import numpy as np
+
+from prefetch.adapters import register_device
+from prefetch.mx import _engine
+from prefetch.mx._mxnet import mx
+from prefetch.mx._ndarray import engine_sync
+
+# numpy dtypes an NDArray can hold (device= delivers these leaves as NDArrays;
+# object, string, complex and structured arrays stay numpy).
+_MX_DTYPES = frozenset(np.dtype(t) for t in
+                       ("float16", "float32", "float64", "uint8", "int8", "int32", "int64", "bool"))
+
+
+def as_context(device):
+    """``device`` if it is a usable MXNet context; else TypeError/ValueError naming it."""
+    if not isinstance(device, mx.Context):
+        raise TypeError(
+            "device must be an MXNet context such as mx.gpu(0), mx.cpu_pinned(0) "
+            f"or mx.cpu(1), got {device!r}")
+    if device.device_type == "gpu" and device.device_id >= mx.context.num_gpus():
+        raise ValueError(
+            f"device={device!r}: this MXNet sees {mx.context.num_gpus()} GPU(s)")
+    return device
+
+
+class ContextDelivery:
+    """The Delivery (prefetch.adapters) for one prefetcher's MXNet context."""
+
+    def __init__(self, device):
+        self.ctx = as_context(device)
+
+    def deliver(self, leaf):
+        if type(leaf) is np.ndarray and leaf.dtype in _MX_DTYPES:
+            # A fresh pool-backed copy: an NDArray over its block on cpu(0),
+            # else one engine copy to the context (DLPack wraps it in C).
+            out = _engine.wrap_numpy(leaf, self.ctx)
+            if out is None:  # empty, 0-d, or a dtype DLPack cannot carry
+                out = mx.nd.array(leaf, ctx=self.ctx, dtype=leaf.dtype)
+            return out
+        if isinstance(leaf, mx.nd.NDArray) and leaf.context != self.ctx:
+            out = _engine.copy_leaf(leaf, None, self.ctx)  # e.g. a container's own copy
+            return leaf.copyto(self.ctx) if out is None else out
+        return leaf
+
+    def ready(self):
+        # Nothing to wait for: the engine orders every use of the batch after
+        # its copies (SPEC §3), and close() synchronises it once (SPEC §5).
+        pass
+
+    def close(self):
+        # The same hook as the NDArray leaves': a prefetcher runs it once.
+        engine_sync()
+
+
+register_device(mx.Context, ContextDelivery)

@@ -1,0 +1,319 @@
+"""``PrefetchingIter``: a drop-in for ``mx.io.PrefetchingIter`` (SPEC §6).
+
+Threading contract: ``_Feed.__next__`` runs on the prefetcher's fetch thread (it
+is the source of the PrefetchingIter's Prefetcher); every ``PrefetchingIter``
+method runs on the consumer's thread.
+"""
+import threading
+import weakref
+
+from prefetch import ClosedError, Prefetcher
+from prefetch.mx import _engine
+from prefetch.mx._device import as_context
+from prefetch.mx._mxnet import mx
+
+_MISMATCH = "Number of entry mismatches between iterators"
+
+
+class _Feed:
+    """The source of a PrefetchingIter's Prefetcher: one round pulls one batch
+    from each wrapped iterator and combines them (as mx's iter_next does).
+
+    A round may start only while ``rounds < taken + depth``, so at any quiet
+    moment the wrapped iterators have been read exactly ``depth`` batches past
+    what the consumer took (or to their end), as mx's class with depth 1.  That
+    makes ``reset()`` deterministic.  It holds no reference to the
+    PrefetchingIter: the fetch thread must not keep it alive (SPEC §5).
+    """
+
+    def __init__(self, iters, depth):
+        self.iters = iters
+        self.depth = depth
+        self.cond = threading.Condition()
+        self.rounds = 0       # rounds completed
+        self.taken = 0        # batches the consumer took
+        self.in_round = False
+        self.stopped = False  # set by reset()/close(): no round starts after it
+        self.done = False     # the iterators ended (or raised): no more rounds
+        # The previous round's NDArrays. A round starts once the engine has
+        # copied them, so the fetch thread runs at most one batch ahead of the
+        # engine: a source that allocates every batch (NDArrayIter's slices)
+        # keeps no backlog of large arrays alive (each fresh one page-faults).
+        self.last = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self.cond:
+            while not self.stopped and self.rounds >= self.taken + self.depth:
+                self.cond.wait()
+            if self.stopped or self.done:
+                raise StopIteration
+            self.in_round = True
+        try:
+            last, self.last = self.last, []
+            _engine.wait_unused(last)
+            del last
+            batch = self.round()
+        finally:
+            with self.cond:
+                self.in_round = False
+                self.cond.notify_all()
+        if batch is None:
+            raise StopIteration
+        self.last = [x for x in batch.data + batch.label if isinstance(x, mx.nd.NDArray)]
+        return batch
+
+    def round(self):
+        """Pull one batch from every iterator; None at the end of the data."""
+        ok = False
+        try:
+            batches = []
+            for it in self.iters:
+                try:
+                    batches.append(it.next())
+                except StopIteration:
+                    batches.append(None)
+            ok = True
+        finally:
+            self.rounds += 1
+            if not ok:
+                self.done = True
+        first = batches[0]
+        if first is None:
+            self.done = True
+            if any(b is not None for b in batches):
+                raise AssertionError(_MISMATCH)
+            return None
+        for b in batches:
+            if b is None or b.pad != first.pad:
+                self.done = True
+                raise AssertionError(_MISMATCH)
+        return mx.io.DataBatch(
+            sum([list(b.data) for b in batches], []),
+            sum([[] if b.label is None else list(b.label) for b in batches], []),
+            first.pad, first.index)
+
+    def took_one(self):
+        with self.cond:
+            self.taken += 1
+            self.cond.notify_all()
+
+    def stop(self, wait=False):
+        """No round starts after this; with ``wait``, also waits for the round
+        in progress (reset() needs the iterators quiet; close() must not wait
+        on a stuck source, the prefetcher's close() bounds that)."""
+        with self.cond:
+            self.stopped = True
+            self.last = []
+            self.cond.notify_all()
+            try:
+                while wait and self.in_round:
+                    self.cond.wait(0.1)
+            except BaseException:
+                # KeyboardInterrupt in reset(): nothing was dropped, carry on.
+                self.stopped = False
+                self.cond.notify_all()
+                raise
+
+    def top_up(self):
+        """After stop() and the prefetcher's close(): read the iterators to where
+        an undisturbed prefetcher would be (``depth`` past the consumer), so a
+        reset finds them where mx's class leaves them."""
+        while not self.done and self.rounds < self.taken + self.depth:
+            self.round()
+
+
+def _shutdown(feed, pf):
+    feed.stop()  # first: the fetch thread may be parked in the feed's wait
+    pf.close()
+
+
+def _descs(iters, renames, attr):
+    if renames is None:
+        return sum([list(getattr(i, attr, None) or []) for i in iters], [])
+    return sum([[
+        mx.io.DataDesc(r[x.name], x.shape, x.dtype)
+        if isinstance(x, mx.io.DataDesc) else mx.io.DataDesc(*x)
+        for x in (getattr(i, attr, None) or [])
+    ] for r, i in zip(renames, iters)], [])
+
+
+class PrefetchingIter(mx.io.DataIter):
+    """Prefetches batches of one or several DataIters on a background thread,
+    each batch a fresh copy (drop-in for ``mx.io.PrefetchingIter``).
+
+    Parameters
+    ----------
+    iters : DataIter or list of DataIter
+        Iterators combined batch by batch (data and labels concatenated, pad
+        and index from the first).  Any object with ``reset()`` and ``next()``.
+    rename_data, rename_label : None or list of dict
+        The i-th dict renames entries of ``iters[i].provide_data`` (``_label``).
+    depth : int
+        Batches prefetched ahead.  With ``depth=1`` every sequence of calls
+        returns what ``mx.io.PrefetchingIter`` returns.
+    device : mx.Context or None
+        Deliver the NDArrays on this context (e.g. ``mx.gpu(0)``), the copy done
+        in the background.
+    timeout, max_bytes, workers, name
+        As for ``prefetch.Prefetcher``.
+
+    Raises
+    ------
+    prefetch.ClosedError
+        From ``next()``, ``iter_next()`` or ``reset()`` after ``close()``.
+    AssertionError
+        When the iterators disagree on length or pad (as mx's class).
+
+    Examples
+    --------
+    >>> it1 = mx.io.NDArrayIter({'data': mx.nd.ones((100, 10))}, batch_size=25)
+    >>> it2 = mx.io.NDArrayIter({'data': mx.nd.ones((100, 10))}, batch_size=25)
+    >>> with PrefetchingIter([it1, it2], rename_data=[{'data': 'data_1'},
+    ...                                               {'data': 'data_2'}]) as it:
+    ...     [d.name for d in it.provide_data]
+    ['data_1', 'data_2']
+    """
+
+    def __init__(self, iters, rename_data=None, rename_label=None, depth=4,
+                 device=None, *, timeout=None, max_bytes=None, workers=1, name=None):
+        super().__init__()
+        self._closed = True  # until a prefetcher runs: close() must work half-built
+        if not isinstance(iters, list):
+            iters = [iters]
+        if not iters:
+            raise ValueError("iters must hold at least one iterator, got []")
+        for it in iters:
+            if not (callable(getattr(it, "next", None))
+                    and callable(getattr(it, "reset", None))):
+                raise TypeError(
+                    f"iters: each must have next() and reset() (a DataIter), got {it!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int):
+            raise TypeError(f"depth must be an int >= 1, got {depth!r} ({type(depth).__name__})")
+        if depth < 1:
+            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        if device is not None:
+            as_context(device)   # fail here, before any prefetcher exists
+        self.n_iter = len(iters)
+        self.iters = iters
+        self.rename_data = rename_data
+        self.rename_label = rename_label
+        descs = self.provide_data
+        self.batch_size = descs[0][1][0] if descs else getattr(iters[0], "batch_size", 0)
+        self.current_batch = None
+        self._depth = depth
+        self._options = dict(depth=depth, device=device, timeout=timeout,
+                             max_bytes=max_bytes, workers=workers, name=name)
+        self._start()
+        self._closed = False
+
+    def _start(self):
+        feed = _Feed(self.iters, self._depth)
+        try:
+            pf = Prefetcher(feed, **self._options)
+        except BaseException:
+            feed.stop()
+            raise
+        self._feed, self._pf = feed, pf
+        self._exhausted = False
+        self._finalizer = weakref.finalize(self, _shutdown, feed, pf)
+
+    @property
+    def provide_data(self):
+        return _descs(self.iters, self.rename_data, "provide_data")
+
+    @property
+    def provide_label(self):
+        return _descs(self.iters, self.rename_label, "provide_label")
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def _check_open(self):
+        if self._closed:
+            raise ClosedError(f"{type(self).__name__} is closed")
+
+    def reset(self):
+        """Drop what was prefetched, reset every iterator, and start prefetching."""
+        self._check_open()
+        feed, pf = self._feed, self._pf
+        feed.stop(wait=True)
+        self._finalizer.detach()
+        pf.close()
+        try:
+            feed.top_up()  # a source error here is raised, after the reset below
+        finally:
+            for it in self.iters:
+                it.reset()
+            self._start()
+
+    def iter_next(self):
+        self._check_open()
+        if self._exhausted:
+            return False
+        try:
+            batch = next(self._pf)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        self._feed.took_one()
+        batch.provide_data = self.provide_data
+        batch.provide_label = self.provide_label
+        self.current_batch = batch
+        return True
+
+    def next(self):
+        if self.iter_next():
+            return self.current_batch
+        raise StopIteration
+
+    def getdata(self):
+        self._check_open()
+        return self.current_batch.data
+
+    def getlabel(self):
+        self._check_open()
+        return self.current_batch.label
+
+    def getindex(self):
+        self._check_open()
+        return self.current_batch.index
+
+    def getpad(self):
+        self._check_open()
+        return self.current_batch.pad
+
+    def stats(self):
+        """``prefetch.Stats`` of the current epoch's prefetcher."""
+        return self._pf.stats()
+
+    def close(self):
+        """Stop prefetching, drop what was prefetched, and wait for the engine to
+        free it (SPEC §5); idempotent.  Batches the caller holds stay valid."""
+        if self._closed:
+            return
+        self._closed = True
+        self.current_batch = None
+        self._finalizer()   # the prefetcher's close() synchronises the engine once
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __del__(self):
+        # Scripts free mx's class with an explicit __del__(); keep that working.
+        # The engine sync is skipped when the GC runs this on an engine thread.
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            self.current_batch = None
+            self._finalizer()
+
+    def __repr__(self):
+        state = "closed" if self._closed else "open"
+        return (f"<prefetch.mx.PrefetchingIter n_iter={self.n_iter} "
+                f"depth={self._depth} {state}>")
