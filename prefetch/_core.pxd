@@ -143,7 +143,7 @@ cdef class _Iterator:
 # For compiled adapters (cimport prefetch._core; Cython shares these through
 # the module's C API capsule, so the adapter links against nothing): a block of
 # the plan's pool for this batch, counted in its bytes, that the adapter fills
-# itself (e.g. MXNet's engine copies into it); and the call that gives it back,
+# itself (e.g. a framework's engine copies into it); and the call that gives it back,
 # from any thread, with or without the GIL.
 cdef pf_block *take_block(CopyPlan plan, size_t nbytes) except NULL
 cdef void put_block(pf_block *blk) noexcept nogil
