@@ -1,127 +1,169 @@
-"""MXNet at engine speed (issue 9): µs per batch from an mx.io.NDArrayIter.
+"""MXNet at engine speed: cost per batch of feeding from an mx.io.NDArrayIter.
 
-Rows, interleaved in one process (each repetition rotates their order):
-plain loop, plain loop + one engine copyto() into a reused NDArray,
-mx.io.PrefetchingIter, prefetch.mx.PrefetchingIter at depth 1 and 4.
-The consumer only waits for batch.data[0] (wait_to_read), so the rows
-measure what feeding costs.  "extra" = row - plain loop, same repetition.
+Rows, interleaved in every repetition: the plain DataIter loop; the plain loop
+plus one engine copyto() of the data into a reused NDArray (what one copy of
+the batch costs); mx.io.PrefetchingIter (no copy: it hands out the source's
+arrays); prefetch.mx.PrefetchingIter at depth 1 and 4 (a fresh copy of every
+batch). Three batch shapes, and two consumers: one that only waits for
+batch.data[0] (so the rows measure what feeding costs) and one that computes
+one MXNet operator on it. "Extra" is a row's time per batch minus the plain
+loop's in the same repetition. Page faults per batch show whether steady
+state allocates. Runs only when MXNet imports.
 
 Run alone: python bench/bench_mx_engine.py [--quick] [--reps N]
 """
 from __future__ import annotations
 
-import argparse
+import math
 import os
 import resource
-import statistics
 import sys
 import time
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as bench/run.py: 2 cores, no OpenMP team
 
+import _baselines as B  # noqa: E402
+import _stats as S  # noqa: E402
+import _util as U  # noqa: E402
+
+TITLE = "MXNet feeding cost per batch (NDArrayIter)"
 SHAPES = [(64, 10), (64, 3, 64, 64), (32, 3, 224, 224)]
-PLAIN, COPY, MXPF, OURS1, OURS4 = ("plain loop", "plain + one engine copyto()",
-                                   "mx.io.PrefetchingIter", "prefetch.mx depth 1",
-                                   "prefetch.mx depth 4")
+PLAIN, COPY, MXPF, OURS1, OURS4 = ("plain DataIter loop", "plain loop + one engine copyto()",
+                                   "mx.io.PrefetchingIter (no copy)",
+                                   "prefetch.mx.PrefetchingIter depth 1",
+                                   "prefetch.mx.PrefetchingIter depth 4")
 ROWS = [PLAIN, COPY, MXPF, OURS1, OURS4]
+CONSUMERS = ("waits", "computes")
+SOURCE_BYTES = 256 << 20  # cap on each shape's source data (sets batches per pass)
 
 
-def _mx():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import mxnet as mx
-    return mx
+def add_arguments(g):
+    g.add_argument("--engine-shapes", help="batch shapes, e.g. 64x10,32x3x224x224")
 
 
-def source(mx, shape, nbatches):
-    data = mx.nd.random.uniform(shape=(shape[0] * nbatches,) + tuple(shape[1:]))
-    data.wait_to_read()
-    return mx.io.NDArrayIter(data, batch_size=shape[0])
+def config(a):
+    shapes = SHAPES if not getattr(a, "engine_shapes", None) else [
+        tuple(int(d) for d in s.split("x")) for s in a.engine_shapes.split(",")]
+    return {"shapes": shapes, "reps": a.reps or (9 if a.quick else 15),
+            "target_s": 0.04 if a.quick else 0.15, "skip": a.no_mx,
+            "consumers": ["waits"] if a.quick else list(CONSUMERS)}
 
 
-def one(mx, row, shape, nbatches):
-    """Seconds per batch for one pass of ``row`` over a fresh source."""
-    it = source(mx, shape, nbatches)
-    dst = mx.nd.empty(shape) if row == COPY else None
+def _pass(mx, pmx, row, data, batch, nbatches, consumer):
+    """(seconds per batch, page faults per batch) of one pass over the source."""
+    it = mx.io.NDArrayIter(data, batch_size=batch)
+    dst = mx.nd.empty((batch,) + data.shape[1:]) if row == COPY else None
     if row == MXPF:
         it = mx.io.PrefetchingIter(it)
     elif row in (OURS1, OURS4):
-        import prefetch.mx as pmx
         it = pmx.PrefetchingIter(it, depth=1 if row == OURS1 else 4)
     mx.nd.waitall()
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     n = 0
-    for batch in it:
-        x = batch.data[0]
+    for b in it:
+        x = b.data[0]
         if dst is not None:
             x.copyto(dst)
             x = dst
+        if consumer == "computes":
+            x = x * 2
         x.wait_to_read()
         n += 1
     t = time.perf_counter() - t0
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     if row == MXPF:
-        it.__del__()  # mx's class keeps its thread otherwise
-    elif hasattr(it, "close"):
+        it.__del__()  # mx's class keeps its thread (and the batch) otherwise
+    elif row in (OURS1, OURS4):
         it.close()
-    assert n == nbatches, (row, n)
+    if n != nbatches:
+        raise RuntimeError(f"{row}: {n} batches, expected {nbatches}")
     return t / n, faults / n
 
 
-def run(shapes=SHAPES, reps=5, target_s=0.3, rows=ROWS):
-    mx = _mx()
-    out = {}
-    for shape in shapes:
-        # batches per pass: about target_s on the plain loop, 20..3000
-        per = one(mx, PLAIN, shape, 20)[0]
-        nb = max(20, min(3000, int(target_s / per)))
-        times = {r: [] for r in rows}
-        faults = {r: [] for r in rows}
-        for rep in range(reps):
-            order = rows[rep % len(rows):] + rows[:rep % len(rows)]
-            for r in order:
-                t, f = one(mx, r, shape, nb)
-                times[r].append(t * 1e6)
-                faults[r].append(f)
-        out[shape] = (nb, times, faults)
+def run(cfg, say):
+    mx, why = B.load_mx() if not cfg["skip"] else (None, "left out (--no-mx)")
+    if mx is None:
+        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}}
+    import prefetch.mx as pmx
+
+    data_out, lines = {}, []
+    for consumer in cfg["consumers"]:
+        for shape in cfg["shapes"]:
+            batch, item_bytes = shape[0], 4 * math.prod(shape[1:])
+            cap = max(8, SOURCE_BYTES // (item_bytes * batch))
+            probe = mx.nd.random.uniform(shape=(batch * 8,) + tuple(shape[1:]))
+            per = _pass(mx, pmx, PLAIN, probe, batch, 8, consumer)[0]
+            nb = int(max(8, min(cap, 3000, cfg["target_s"] / per)))
+            data = mx.nd.random.uniform(shape=(batch * nb,) + tuple(shape[1:]))
+            del probe
+            t = {r: [] for r in ROWS}
+            f = {r: [] for r in ROWS}
+            with U.no_gc():
+                for rep in range(cfg["reps"]):
+                    say(f"{consumer}, batch {shape}: repetition {rep + 1}/{cfg['reps']}")
+                    for r in U.rotate(ROWS, rep):
+                        s, flt = _pass(mx, pmx, r, data, batch, nb, consumer)
+                        t[r].append(s * 1e6)
+                        f[r].append(flt)
+            del data
+            data_out[f"{consumer} {shape}"] = {"batches": nb, "us": t, "faults": f}
+            mx.nd.waitall()
+    for consumer in cfg["consumers"]:
+        lines.append(f"  consumer {consumer}: µs per batch, median [95% interval]; extra over the plain loop")
+        tab = []
+        for shape in cfg["shapes"]:
+            d = data_out[f"{consumer} {shape}"]
+            t = d["us"]
+            for r in ROWS:
+                extra = [a - b for a, b in zip(t[r], t[PLAIN])]
+                tab.append([f"{'x'.join(map(str, shape))} ({d['batches']}/pass) {r}",
+                            S.interval(t[r]).text(1), "" if r == PLAIN else S.interval(extra).text(1),
+                            "" if r == PLAIN else S.interval(S.ratios(t[r], t[COPY])).text(3),
+                            f"{S.interval(d['faults'][r]).median:.1f}"])
+        lines += U.table_lines(["batch, row", "µs per batch", "extra µs", "vs plain + copy", "faults/batch"],
+                               tab)
+    return {"tables": lines, "verdicts": _verdicts(cfg, data_out), "data": data_out}
+
+
+def _verdicts(cfg, data_out):
+    out = []
+    small = data_out.get(f"waits {SHAPES[0]}")
+    if small is not None:
+        t = small["us"]
+        over_mx = [a - b for a, b in zip(t[OURS4], t[MXPF])]
+        iv = S.interval(over_mx)
+        out.append(S.Verdict("(64,10) batches: extra cost over the plain loop <= mx.io.PrefetchingIter's",
+                             f"ours - mx's class {iv.text(1)} µs at depth 4",
+                             S.judge(iv, 0.0, higher_is_better=False)))
+        over_copy = [(o - p) - 2 * (c - p) for o, p, c in zip(t[OURS4], t[PLAIN], t[COPY])]
+        iv = S.interval(over_copy)
+        out.append(S.Verdict("(64,10) batches: extra cost <= 2x one engine copy's (aim)",
+                             f"ours' extra - 2x copy's extra {iv.text(1)} µs",
+                             S.judge(iv, 0.0, higher_is_better=False)))
+    big = data_out.get(f"waits {SHAPES[2]}")
+    if big is not None:
+        t = big["us"]
+        iv = S.interval(S.ratios(t[OURS4], t[COPY]))
+        out.append(S.Verdict("19 MB batches: prefetch.mx <= 1.10 x (plain loop + one engine copy)",
+                             f"ratio {iv.text(3)} at depth 4", S.judge(iv, 1.10, higher_is_better=False)))
     return out
 
 
-def report(out):
-    lines = []
-    for shape, (nb, times, faults) in out.items():
-        plain = times.get(PLAIN)
-        lines.append(f"source NDArrayIter batch {shape}, {nb} batches/pass, µs per batch "
-                     "(median [min..max]; extra = row - plain, same rep)")
-        for r, xs in times.items():
-            med = statistics.median(xs)
-            txt = f"  {r:30s} {med:9.1f} [{min(xs):.1f}..{max(xs):.1f}]"
-            if plain and r != PLAIN:
-                extra = [a - b for a, b in zip(xs, plain)]
-                txt += f"   extra {statistics.median(extra):8.1f}  ratio {med / statistics.median(plain):.3f}"
-            else:
-                txt += " " * 37
-            txt += f"  faults/batch {statistics.median(faults[r]):7.1f}"
-            lines.append(txt)
-        if COPY in times and OURS4 in times:
-            c, o1, o4 = (statistics.median(times[k]) for k in (COPY, OURS1, OURS4))
-            lines.append(f"  ours / (plain + copy): depth 1 {o1 / c:.3f}, depth 4 {o4 / c:.3f}")
-    return lines
-
-
 def main(argv=None):
+    import argparse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--shapes", default=None, help="e.g. 64x10,32x3x224x224")
-    a = ap.parse_args(argv)
-    shapes = SHAPES if a.shapes is None else [
-        tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")]
-    reps = a.reps or (3 if a.quick else 5)
-    out = run(shapes, reps, 0.1 if a.quick else 0.3)
-    print("\n".join(report(out)))
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--no-mx", action="store_true")
+    add_arguments(ap)
+    r = run(config(ap.parse_args(argv)), lambda text, final=False: print(f"\r{text:80s}", end="",
+                                                                          file=sys.stderr, flush=True))
+    print(file=sys.stderr)
+    print("\n".join(r["tables"]))
+    for v in r["verdicts"]:
+        print(f"  {v.target}: {v.measured} -> {v.status}")
 
 
 if __name__ == "__main__":
