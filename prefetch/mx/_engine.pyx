@@ -318,6 +318,8 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None):
         rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, h, &dst)
     if rc != 0:
         _error()
+    if plan is not None and h == NULL:
+        plan.nbytes += nbytes  # a copy elsewhere (a device) also counts for max_bytes, stats
     return _ndarray(dst)
 
 
