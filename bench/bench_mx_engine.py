@@ -10,6 +10,10 @@ one MXNet operator on it. "Extra" is a row's time per batch minus the plain
 loop's in the same repetition. Page faults per batch show whether steady
 state allocates. Runs only when MXNet imports.
 
+A second table feeds a Gluon DataLoader (batch 64 x 3x112x112): directly,
+directly plus one engine copy, through prefetch.Prefetcher(loader), and with
+device=mx.cpu_pinned(0).
+
 Run alone: python bench/bench_mx_engine.py [--quick] [--reps N]
 """
 from __future__ import annotations
@@ -35,6 +39,11 @@ PLAIN, COPY, MXPF, OURS1, OURS4 = ("plain DataIter loop", "plain loop + one engi
                                    "prefetch.mx.PrefetchingIter depth 4")
 ROWS = [PLAIN, COPY, MXPF, OURS1, OURS4]
 CONSUMERS = ("waits", "computes")
+DL_DIRECT, DL_COPY, DL_OURS, DL_PINNED = ("DataLoader, direct", "DataLoader + one engine copyto()",
+                                          "prefetch.Prefetcher(loader)",
+                                          "prefetch.Prefetcher(loader, device=mx.cpu_pinned(0))")
+DL_ROWS = [DL_DIRECT, DL_COPY, DL_OURS, DL_PINNED]
+DL_SHAPE = (64, 3, 112, 112)
 SOURCE_BYTES = 256 << 20  # cap on each shape's source data (sets batches per pass)
 
 
@@ -82,6 +91,47 @@ def _pass(mx, pmx, row, data, batch, nbatches, consumer):
     return t / n, faults / n
 
 
+def _loader_pass(mx, row, loader):
+    """Seconds per batch of one epoch of a Gluon DataLoader."""
+    import prefetch
+    dst = mx.nd.empty(DL_SHAPE) if row == DL_COPY else None
+    it = loader
+    if row == DL_OURS:
+        it = prefetch.Prefetcher(loader, depth=4)
+    elif row == DL_PINNED:
+        it = prefetch.Prefetcher(loader, depth=4, device=mx.cpu_pinned(0))
+    mx.nd.waitall()
+    t0 = time.perf_counter()
+    n = 0
+    for x in it:
+        if dst is not None:
+            x.copyto(dst)
+            x = dst
+        x.wait_to_read()
+        n += 1
+    t = time.perf_counter() - t0
+    if it is not loader:
+        it.close()
+    return t / n
+
+
+def _loader_table(mx, cfg, say):
+    gluon = mx.gluon.data
+    nb = 6 if cfg["target_s"] < 0.1 else 12
+    data = mx.nd.random.uniform(shape=(DL_SHAPE[0] * nb,) + DL_SHAPE[1:])
+    loader = gluon.DataLoader(gluon.ArrayDataset(data), batch_size=DL_SHAPE[0])
+    t = {r: [] for r in DL_ROWS}
+    with U.no_gc():
+        for rep in range(cfg["reps"]):
+            say(f"Gluon DataLoader: repetition {rep + 1}/{cfg['reps']}")
+            for r in U.rotate(DL_ROWS, rep):
+                t[r].append(_loader_pass(mx, r, loader) * 1e6)
+    tab = [[r, S.interval(t[r]).text(0), S.interval(S.ratios(t[r], t[DL_COPY])).text(3)] for r in DL_ROWS]
+    lines = [f"  Gluon DataLoader, batch {'x'.join(map(str, DL_SHAPE))}, {nb} batches/epoch, consumer waits"]
+    lines += U.table_lines(["row", "µs per batch", "vs direct + copy"], tab)
+    return lines, t
+
+
 def run(cfg, say):
     mx, why = B.load_mx() if not cfg["skip"] else (None, "left out (--no-mx)")
     if mx is None:
@@ -124,6 +174,9 @@ def run(cfg, say):
                             f"{S.interval(d['faults'][r]).median:.1f}"])
         lines += U.table_lines(["batch, row", "µs per batch", "extra µs", "vs plain + copy", "faults/batch"],
                                tab)
+    dl_lines, dl = _loader_table(mx, cfg, say)
+    lines += dl_lines
+    data_out["gluon"] = dl
     return {"tables": lines, "verdicts": _verdicts(cfg, data_out), "data": data_out}
 
 
@@ -148,6 +201,16 @@ def _verdicts(cfg, data_out):
         iv = S.interval(S.ratios(t[OURS4], t[COPY]))
         out.append(S.Verdict("19 MB batches: prefetch.mx <= 1.10 x (plain loop + one engine copy)",
                              f"ratio {iv.text(3)} at depth 4", S.judge(iv, 1.10, higher_is_better=False)))
+    dl = data_out.get("gluon")
+    if dl is not None:
+        iv = S.interval(S.ratios(dl[DL_OURS], dl[DL_COPY]))
+        out.append(S.Verdict("Gluon DataLoader: Prefetcher(loader) <= 1.10 x (direct + one copy)",
+                             f"ratio {iv.text(3)}", S.judge(iv, 1.10, higher_is_better=False)))
+        # "No more than one copy more": direct + two copies, 10 % slack as above.
+        two = [c + (c - d) for c, d in zip(dl[DL_COPY], dl[DL_DIRECT])]
+        iv = S.interval(S.ratios(dl[DL_PINNED], two))
+        out.append(S.Verdict("Gluon DataLoader: device=cpu_pinned <= 1.10 x (direct + two copies)",
+                             f"ratio {iv.text(3)}", S.judge(iv, 1.10, higher_is_better=False)))
     return out
 
 

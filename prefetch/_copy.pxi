@@ -50,6 +50,7 @@ cdef class CopyPlan:
         raise TypeError("CopyPlan objects are made by the prefetcher, not by users")
 
     cdef void _reset(self):
+        self.batches += 1
         self._njobs = 0
         self.nbytes = 0
         self._strided = []

@@ -83,6 +83,8 @@ cdef class CopyPlan:
     cdef readonly object device    # the Delivery, or None
     cdef set closers               # close hooks of the leaf adapters used (run once at close)
     cdef list _deliver_idx         # leaves to hand to device.deliver (only with a device)
+    cdef readonly uint64_t batches # batches planned so far: adapters tell batches apart
+    cdef object __weakref__        # adapters may keep per-prefetcher state keyed by the plan
 
     cdef void _reset(self)
     cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)

@@ -140,6 +140,7 @@ cdef Invoke _invoke = <Invoke>_address("MXImperativeInvoke")
 cdef FromDLPack _from_dlpack = <FromDLPack>_address("MXNDArrayFromDLPackEx")
 cdef OneHandle _free = <OneHandle>_address("MXNDArrayFree")
 cdef OneHandle _wait_to_write = <OneHandle>_address("MXNDArrayWaitToWrite")
+cdef OneHandle _wait_to_read = <OneHandle>_address("MXNDArrayWaitToRead")
 cdef NoArgs _wait_all = <NoArgs>_address("MXNDArrayWaitAll")
 cdef LastError _last_error = <LastError>_address("MXGetLastError")
 cdef Handle _copyto_op = NULL
@@ -359,12 +360,10 @@ def wrap_numpy(cnp.ndarray a, object ctx):
     return _ndarray(dst)
 
 
-def wait_unused(list nds):
-    """Return when no engine op still reads or writes any NDArray in ``nds``
-    (MXNDArrayWaitToWrite on each, without the GIL): e.g. the copies of the
-    previous batch have read its source arrays. Not when they hold less than
-    NOGIL_MIN_BYTES in all: a backlog of small arrays costs nothing (malloc
-    reuses them without page faults) and a wait costs a thread wake-up."""
+cdef _wait(list nds, OneHandle wait):
+    """``wait`` on every NDArray in ``nds`` without the GIL; not at all when
+    they hold less than NOGIL_MIN_BYTES in all: a backlog of small arrays costs
+    nothing (malloc reuses them without page faults), a wait a thread wake-up."""
     cdef Py_ssize_t i, n = len(nds)
     cdef int rc = 0, dtype = 0, ndim, d
     cdef int64_t shape[MAX_NDIM]
@@ -389,13 +388,25 @@ def wait_unused(list nds):
             hs[i] = _handle_of(nds[i])
         with nogil:
             for i in range(n):
-                rc = _wait_to_write(hs[i])
+                rc = wait(hs[i])
                 if rc != 0:
                     break
         if rc != 0:
             _error()
     finally:
         free(hs)
+
+
+def wait_unused(list nds):
+    """Return when no engine op still reads or writes the (large) NDArrays in
+    ``nds`` (MXNDArrayWaitToWrite): e.g. a batch's copies have read its source."""
+    _wait(nds, _wait_to_write)
+
+
+def wait_written(list nds):
+    """Return when no engine op still writes the (large) NDArrays in ``nds``
+    (MXNDArrayWaitToRead): e.g. the copies into them have run."""
+    _wait(nds, _wait_to_read)
 
 
 def wait_all():

@@ -36,9 +36,10 @@ class _Feed:
         self.stopped = False  # set by reset()/close(): no round starts after it
         self.done = False     # the iterators ended (or raised): no more rounds
         # The previous round's NDArrays. A round starts once the engine has
-        # copied them, so the fetch thread runs at most one batch ahead of the
-        # engine: a source that allocates every batch (NDArrayIter's slices)
-        # keeps no backlog of large arrays alive (each fresh one page-faults).
+        # copied them: stricter than the leaf hook's throttle (_ndarray), which
+        # can only wait after next(source); here the source's next batch is not
+        # even asked for until the last one is copied (measured at 19 MB
+        # batches: no page faults, against ~1700 per batch without).
         self.last = []
 
     def __iter__(self):
