@@ -41,6 +41,7 @@ cdef class CopyPlan:
     def __cinit__(self):
         self._jobs = NULL
         self._strided = []
+        self._sources = []
         self.closers = set()
 
     def __dealloc__(self):
@@ -54,6 +55,7 @@ cdef class CopyPlan:
         self._njobs = 0
         self.nbytes = 0
         self._strided = []
+        self._sources = []
         if self.device is not None:
             self._deliver_idx = []
 
@@ -102,6 +104,9 @@ cdef class CopyPlan:
         if cnp.PyArray_IS_C_CONTIGUOUS(a):
             if nbytes:
                 self._add_job(blk.data, cnp.PyArray_DATA(a), nbytes)
+                # An adapter may pass a temporary view: keep it (and what it
+                # keeps alive) until the memcpy has read it.
+                self._sources.append(a)
         else:
             self._strided.append((out, a))
         self.nbytes += nbytes
@@ -131,6 +136,7 @@ cdef class CopyPlan:
             # numpy releases the GIL itself for large strided copies.
             cnp.PyArray_CopyInto(<cnp.ndarray>out, <cnp.ndarray>src)
         self._strided = []
+        self._sources = []
 
 
 cdef pf_block *take_block(CopyPlan plan, size_t nbytes) except NULL:

@@ -79,6 +79,7 @@ cdef class CopyPlan:
     cdef size_t _njobs
     cdef size_t _jobs_cap
     cdef list _strided             # (out, src) pairs copied by numpy
+    cdef list _sources             # arrays the queued memcpys read: alive until _run
     cdef uint64_t nbytes           # bytes of the batch being planned
     cdef readonly object device    # the Delivery, or None
     cdef set closers               # close hooks of the leaf adapters used (run once at close)
