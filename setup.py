@@ -6,6 +6,7 @@ Build modes, from the environment:
   PREFETCH_COVERAGE=1  --coverage, and Cython line tracing
   PREFETCH_ANNOTATE=1  write prefetch/_core.html (Cython's GIL/Python-call map)
 """
+import glob
 import os
 import shlex
 import shutil
@@ -66,6 +67,15 @@ ext = Extension(
     extra_link_args=link_args,
 )
 
+# Adapters' compiled helpers (prefetch/<framework>/_*.pyx) build with no edit
+# here. They link against nothing but libc: a framework's library is reached
+# through the one it has already loaded.
+adapters = [
+    Extension(path[:-4].replace("/", "."), [path], include_dirs=["csrc", numpy.get_include()],
+              define_macros=macros,
+              extra_compile_args=compile_args, extra_link_args=link_args)
+    for path in sorted(glob.glob("prefetch/*/_*.pyx"))
+]
 
 
 class build_ext_checked(build_ext):
@@ -84,5 +94,5 @@ class build_ext_checked(build_ext):
         super().run()
 
 
-setup(ext_modules=cythonize([ext], compiler_directives=directives, annotate=flag("PREFETCH_ANNOTATE")),
+setup(ext_modules=cythonize([ext] + adapters, compiler_directives=directives, annotate=flag("PREFETCH_ANNOTATE")),
       cmdclass={"build_ext": build_ext_checked})
