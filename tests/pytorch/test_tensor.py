@@ -2,11 +2,6 @@
 dtype and values, no shared storage, pooled memory reused after torch frees it."""
 import gc
 import itertools
-import os
-import pathlib
-import subprocess
-import sys
-import tempfile
 import warnings
 
 import numpy as np
@@ -16,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import prefetch
 from prefetch import Prefetcher
+from support import python_output
 
 
 def one(batch, **kw):
@@ -253,19 +249,10 @@ def test_mixed_batch_structure_kept():
 
 # -- optional dependency and discovery (issue 12.3) ----------------------------
 
-def run_python(code):
-    root = str(pathlib.Path(prefetch.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    with tempfile.TemporaryDirectory() as cwd:
-        proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
-                              text=True, timeout=50, cwd=cwd, env=env)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 def test_import_prefetch_never_imports_torch():
-    out = run_python(
+    out = python_output(
         "import sys, numpy as np, prefetch\n"
         "with prefetch.Prefetcher([np.ones(3), (np.zeros(2), 1)]) as p:\n"
         "    list(p)\n"
@@ -275,7 +262,7 @@ def test_import_prefetch_never_imports_torch():
 
 def test_tensor_leaf_imports_prefetch_torch_on_demand():
     """Discovery: the entry point loads the adapter at the first tensor leaf."""
-    out = run_python(
+    out = python_output(
         "import sys, torch, prefetch\n"
         "print('prefetch.torch' in sys.modules)\n"
         "buf = torch.zeros(2)\n"
@@ -286,7 +273,7 @@ def test_tensor_leaf_imports_prefetch_torch_on_demand():
 
 
 def test_prefetch_torch_without_torch_says_what_to_install():
-    out = run_python(
+    out = python_output(
         "import sys\n"
         "sys.modules['torch'] = None  # as if not installed\n"
         "try:\n"
