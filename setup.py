@@ -94,5 +94,6 @@ class build_ext_checked(build_ext):
         super().run()
 
 
-setup(ext_modules=cythonize([ext] + adapters, compiler_directives=directives, annotate=flag("PREFETCH_ANNOTATE")),
+setup(ext_modules=cythonize([ext] + adapters, compiler_directives=directives,
+                            annotate=flag("PREFETCH_ANNOTATE")),
       cmdclass={"build_ext": build_ext_checked})

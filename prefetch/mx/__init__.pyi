@@ -1,7 +1,7 @@
 # Stubs for prefetch.mx, the MXNet adapter (checked by tests/mx/test_mx_typing.py).
 # MXNet ships no type information: its types (DataIter, DataBatch, NDArray,
 # Context, DataDesc) are Any to a type checker.
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from mxnet.io import DataIter
 
@@ -19,7 +19,7 @@ class PrefetchingIter(DataIter):
     rename_label: _Renames
     batch_size: int
     current_batch: Any
-    def __init__(self, iters: Union[Any, list[Any]], rename_data: _Renames = ...,
+    def __init__(self, iters: Any | list[Any], rename_data: _Renames = ...,
                  rename_label: _Renames = ..., depth: int = ..., device: Any = ..., *,
                  timeout: Optional[float] = ..., max_bytes: Optional[int] = ...,
                  workers: int = ..., name: Optional[str] = ...) -> None: ...

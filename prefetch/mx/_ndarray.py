@@ -11,7 +11,6 @@ from prefetch.adapters import register_container, register_leaf
 from prefetch.mx import _engine
 from prefetch.mx._mxnet import mx
 
-
 # CopyPlan (one per prefetcher) -> [its batch number, the copies made in that
 # batch]. See _throttle.
 _previous = weakref.WeakKeyDictionary()

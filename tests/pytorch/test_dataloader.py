@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from prefetch import ClosedError, Prefetcher
+from prefetch import ClosedError, Prefetcher  # noqa: E402
 
 # On a machine without an accelerator, DataLoader warns that pin_memory does nothing.
 pytestmark = pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from prefetch import Prefetcher
+from prefetch import Prefetcher  # noqa: E402
 
 
 def test_cpu_device_delivers_tensors():

@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import prefetch
-from prefetch import Prefetcher
-from support import python_output
+import prefetch  # noqa: E402
+from prefetch import Prefetcher  # noqa: E402
+from support import python_output  # noqa: E402
 
 
 def one(batch, **kw):
