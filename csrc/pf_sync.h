@@ -12,8 +12,9 @@
 #define PF_SYNC_H
 
 /* POSIX.1-2008 for posix_memalign, clock_gettime, pthread_condattr_setclock
- * (and nanosleep in the test driver): -std=c11 alone hides them. Python.h
- * sets the same value, so the Cython module may include this after it. */
+ * (and nanosleep in the test driver): -std=c11 alone hides them. CPython's
+ * pyconfig.h sets the same value, so the Cython module, which includes this
+ * after it, gets the same declarations. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
