@@ -1,10 +1,10 @@
-"""Build of the compiled core, ``prefetch._ring`` (Cython + the C in csrc/).
+"""Build of the compiled core, ``prefetch._core`` (Cython + the C in csrc/).
 
 Build modes, from the environment:
-  PREFETCH_DEBUG=1     -O0 -g, asserts on (-UNDEBUG -DPF_DEBUG=1)
+  PREFETCH_DEBUG=1     -O0 -g, csrc's asserts on (-UNDEBUG -DPF_DEBUG=1)
   PREFETCH_SANITIZE=1  -fsanitize=address,undefined (run with libasan preloaded)
   PREFETCH_COVERAGE=1  --coverage, and Cython line tracing
-  PREFETCH_ANNOTATE=1  write prefetch/_ring.html (Cython's GIL/Python-call map)
+  PREFETCH_ANNOTATE=1  write prefetch/_core.html (Cython's GIL/Python-call map)
 """
 import os
 import sys
@@ -43,8 +43,8 @@ if coverage:
     directives["linetrace"] = True
 
 ext = Extension(
-    "prefetch._ring",
-    ["prefetch/_ring.pyx", "csrc/pf_sync.c", "csrc/pf_ring.c", "csrc/pf_pool.c", "csrc/pf_copy.c"],
+    "prefetch._core",
+    ["prefetch/_core.pyx", "csrc/pf_sync.c", "csrc/pf_ring.c", "csrc/pf_pool.c", "csrc/pf_copy.c"],
     include_dirs=["csrc", numpy.get_include()],
     define_macros=macros,
     extra_compile_args=compile_args,

@@ -1,205 +1,163 @@
-"""Section 1: hand-off cost per tiny batch, by depth.
+"""Hand-off cost per tiny batch, by depth.
 
-Every row consumes the same N tiny batches (a tuple of a 4x8 float32 and a
-4-element int64 array, as a data loader hands out) from the same generator.
-"extra cost per batch" = (row time - plain loop time) / N, measured in the same
-repetition, so the source's own cost cancels out. Construction and thread start
-are inside the timed region (amortised over N); close() is not.
-
-Run alone: python bench/bench_handoff.py [--quick] [--depths 1,4,16] [--reps 5]
+Every row consumes the same N tiny batches (a 4x8 float32 and a 4-element int64
+array, as a data loader hands out) from the same generator. "Extra cost" is the
+row's time per batch minus the plain loop's, in the same repetition, so the
+source's own cost cancels. Construction and thread start are timed (amortised
+over N); close() is not.
 """
 from __future__ import annotations
 
-import os
-import sys
-
+import _baselines as B
+import _stats as S
+import _util as U
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _util as U  # noqa: E402
+TITLE = "Hand-off cost per tiny batch"
 
-PLAIN = "plain loop (no prefetch)"
-QUEUE = "queue.Queue thread (no copy: unsafe)"
-QUEUE_COPY = "queue.Queue thread + np.copy (naive safe)"
-BG = "prefetch_generator.BackgroundGenerator (no copy)"
+PLAIN = "plain loop (no prefetching)"
+QUEUE = "queue.Queue thread, no copy (unsafe)"
+QUEUE_COPY = "queue.Queue thread + np.copy"
+BG = "prefetch_generator.BackgroundGenerator"
 OURS = "prefetch.Prefetcher"
-MX_PLAIN = "mx: plain DataIter loop"
-MX_PF = "mx.io.PrefetchingIter (depth fixed at 1)"
+MX_PLAIN = "MXNet: plain DataIter loop"
+MX_PF = "mx.io.PrefetchingIter (its depth is 1)"
 MX_OURS = "prefetch.mx.PrefetchingIter"
+TARGET_DEPTH = 4
 
 
-def default_cfg(quick=False):
-    return {
-        "depths": [1, 4, 16] if quick else [1, 2, 4, 16, 64],
-        "reps": 3 if quick else 7,
-        "target_s": 0.06 if quick else 0.25,  # per measurement, sets N per row
-        "n_min": 200 if quick else 300,
-        "n_max": 20000 if quick else 100000,
-        "target_depth": 4,
-    }
+def add_arguments(g):
+    g.add_argument("--depths", type=U.int_list, help="hand-off depths, e.g. 1,4,16 (4 is always measured)")
 
 
-def tiny_batch():
+def config(a):
+    depths = a.depths or ([1, 4, 16] if a.quick else [1, 2, 4, 16, 64])
+    if TARGET_DEPTH not in depths:
+        depths = sorted(depths + [TARGET_DEPTH])
+    return {"depths": depths, "reps": a.reps or (9 if a.quick else 15),
+            "target_s": 0.03 if a.quick else 0.15,  # per measurement; sets N per row
+            "n_min": 200, "n_max": 100000, "no_mx": a.no_mx}
+
+
+def _tiny():
     return (np.arange(32, dtype=np.float32).reshape(4, 8), np.arange(4, dtype=np.int64))
 
 
-def _source(batch, n):
+def _gen(batch, n):
     for _ in range(n):
         yield batch
 
 
 def _rows(cfg):
-    """[(name, group, factory(n, depth) -> iterator, by_depth)]."""
-    batch = tiny_batch()
-    rows = [(PLAIN, "np", lambda n, d: iter(_source(batch, n)), False),
-            (QUEUE, "np", lambda n, d: U.QueuePrefetcher(_source(batch, n), d, copy=False), True),
-            (QUEUE_COPY, "np", lambda n, d: U.QueuePrefetcher(_source(batch, n), d, copy=True), True)]
+    """[(name, baseline name, factory(n, depth) -> iterator, takes a depth)], {skipped row: why}."""
+    import prefetch
+    b = _tiny()
+    rows = [(PLAIN, None, lambda n, d: _gen(b, n), False),
+            (QUEUE, PLAIN, lambda n, d: B.QueuePrefetcher(_gen(b, n), d, copy=False), True),
+            (QUEUE_COPY, PLAIN, lambda n, d: B.QueuePrefetcher(_gen(b, n), d, copy=True), True),
+            (OURS, PLAIN, lambda n, d: prefetch.Prefetcher(_gen(b, n), depth=d), True)]
     skipped = {}
-    BackgroundGenerator, why = U.load_bg()
-    if BackgroundGenerator is not None:
-        rows.append((BG, "np", lambda n, d: BackgroundGenerator(_source(batch, n), max_prefetch=d), True))
+    bg, why = B.load_bg()
+    if bg is not None:
+        rows.insert(3, (BG, PLAIN, lambda n, d: bg(_gen(b, n), max_prefetch=d), True))
     else:
         skipped[BG] = why
-    prefetch, why = U.load_prefetch()
-    if prefetch is not None:
-        rows.append((OURS, "np", lambda n, d: prefetch.Prefetcher(_source(batch, n), depth=d), True))
+    mx, why = B.load_mx() if not cfg["no_mx"] else (None, "left out (--no-mx)")
+    if mx is not None:
+        import prefetch.mx as pmx
+
+        def src(n):
+            return B.mx_source_iter(mx, n, [b[0]], b[1])
+        rows += [(MX_PLAIN, None, lambda n, d: iter(src(n)), False),
+                 (MX_PF, MX_PLAIN, lambda n, d: mx.io.PrefetchingIter(src(n)), False),
+                 (MX_OURS, MX_PLAIN, lambda n, d: pmx.PrefetchingIter(src(n), depth=d), True)]
     else:
-        skipped[OURS] = why
-    mx, why = U.load_mx()
-    if mx is not None and not cfg.get("no_mx"):
-        rows.append((MX_PLAIN, "mx", lambda n, d: iter(U.mx_source_iter(mx, n, list(batch[:1]), batch[1])), False))
-        rows.append((MX_PF, "mx", lambda n, d: mx.io.PrefetchingIter(U.mx_source_iter(mx, n, list(batch[:1]), batch[1])), False))
-        try:
-            import prefetch.mx as pmx
-            rows.append((MX_OURS, "mx", lambda n, d: pmx.PrefetchingIter(
-                U.mx_source_iter(mx, n, list(batch[:1]), batch[1]), depth=d), True))
-        except Exception as e:
-            skipped[MX_OURS] = f"prefetch.mx not importable ({type(e).__name__}: {str(e)[:80]})"
-    else:
-        skipped["mx.io.PrefetchingIter"] = why or "disabled"
+        skipped["MXNet rows"] = why
     return rows, skipped
 
 
-def _measure(make, n, depth):
+def _per_batch_us(make, n, depth):
     with U.no_gc():
         t0 = U.ns()
         it = make(n, depth)
-        first = next(it)
-        t1 = U.ns()
-        cnt = 1
-        for first in it:  # noqa: B007 - keep the last batch alive like a user loop does
+        cnt = 0
+        for _b in it:
             cnt += 1
-        t2 = U.ns()
-    U.close_quietly(it)
-    del it, first
+        t = U.ns() - t0
+    B.close_quietly(it)
     if cnt != n:
         raise RuntimeError(f"expected {n} batches, got {cnt}")
-    return (t2 - t0) / n / 1e3, (t1 - t0) / 1e3
+    return t / n / 1e3
 
 
-def steps(cfg):
-    rows, _ = _rows(cfg)
-    per_rep = sum(len(cfg["depths"]) if by_depth or name in (PLAIN, MX_PLAIN) else 1
-                  for name, _, _, by_depth in rows)
-    return per_rep * cfg["reps"] + len(rows)  # + pilot runs
-
-
-def run(cfg, prog=None):
-    prog = prog or U.NullProgress()
+def run(cfg, say):
     rows, skipped = _rows(cfg)
     depths = cfg["depths"]
-    # pilot: pick N per row so one measurement takes about target_s
-    nsel = {}
-    for name, _, make, _ in rows:
-        prog.set(f"handoff: pilot {name[:30]}")
-        per, _ = _measure(make, 300, 4)
-        n = int(cfg["target_s"] / max(per * 1e-6, 1e-9))
-        nsel[name] = max(cfg["n_min"], min(cfg["n_max"], n))
-        prog.tick()
-    raw = {name: {d: {"per": [], "ttfi": []} for d in depths} for name, *_ in rows}
+    n = {}
+    for name, _, make, _ in rows:  # pilot: N per row so that one measurement takes about target_s
+        per = _per_batch_us(make, 300, TARGET_DEPTH)
+        n[name] = max(cfg["n_min"], min(cfg["n_max"], int(cfg["target_s"] * 1e6 / max(per, 1e-3))))
+    # per_us[row][depth] = [one value per repetition]; rows without a depth are measured once per repetition
+    per_us = {name: {d: [] for d in depths} for name, *_ in rows}
     for rep in range(cfg["reps"]):
+        say(f"repetition {rep + 1}/{cfg['reps']}")
         for d in U.rotate(depths, rep):
-            for name, group, make, by_depth in U.rotate(rows, rep):
-                if not by_depth and name == MX_PF and d != depths[0]:
-                    continue  # mx's depth is fixed; measure it once per repetition
-                prog.set(f"handoff d={d} {name[:34]}")
-                per, ttfi = _measure(make, nsel[name], d)
-                raw[name][d]["per"].append(per)
-                raw[name][d]["ttfi"].append(ttfi)
-                prog.tick()
-    # mx.io.PrefetchingIter has one depth: copy its samples into every column
-    if MX_PF in raw:
-        for d in depths[1:]:
-            raw[MX_PF][d] = raw[MX_PF][depths[0]]
-    groups = {name: group for name, group, *_ in rows}
-    res = {"params": dict(cfg), "n_per_row": nsel, "skipped": skipped,
-           "batch": "tuple(float32[4,8], int64[4])", "rows": {}, "ratios": {}}
-    for name in raw:
-        base = PLAIN if groups[name] == "np" else MX_PLAIN
-        res["rows"][name] = {"group": groups[name], "by_depth": {}}
-        for d in depths:
-            per = raw[name][d]["per"]
-            extra = [a - b for a, b in zip(per, raw[base][d]["per"])]
-            res["rows"][name]["by_depth"][str(d)] = {
-                "per_batch_us": U.summary(per),
-                "extra_us": U.summary(extra) if name != base else None,
-                "ttfi_us": U.summary(raw[name][d]["ttfi"]),
-                "samples_per_batch_us": per,
-            }
+            for name, _, make, by_depth in U.rotate(rows, rep):
+                if by_depth or d == depths[0]:
+                    per_us[name][d].append(_per_batch_us(make, n[name], d))
+    for name, _, _, by_depth in rows:
+        if not by_depth:
+            for d in depths[1:]:
+                per_us[name][d] = per_us[name][depths[0]]
+    base = {name: b for name, b, *_ in rows}
+    extra = {name: {d: [x - y for x, y in zip(per_us[name][d], per_us[b][d])] for d in depths}
+             for name, b in base.items() if b}
+    ratio = {}  # (ours, other) -> {depth: Interval of per-repetition extra-cost ratios}
+    for ours, others in ((OURS, (QUEUE_COPY, QUEUE, BG, MX_PF)), (MX_OURS, (MX_PF,))):
+        for other in others:
+            if ours in extra and other in extra:
+                ratio[(ours, other)] = {d: S.interval(S.ratios(extra[ours][d], extra[other][d])) for d in depths}
 
-    def extra_samples(name, d):
-        base = PLAIN if groups[name] == "np" else MX_PLAIN
-        return [a - b for a, b in zip(raw[name][d]["per"], raw[base][d]["per"])]
+    verdicts = []
+    for ours, other, goal, text in (
+            (OURS, QUEUE_COPY, 0.2, "extra cost per tiny batch <= 1/5 of a queue.Queue thread + np.copy"),
+            (OURS, MX_PF, 1 / 30, "extra cost per tiny batch <= 1/30 of mx.io.PrefetchingIter"),
+            (MX_OURS, MX_PF, 1.0, "prefetch.mx.PrefetchingIter costs no more per batch than mx.io.PrefetchingIter")):
+        iv = ratio.get((ours, other), {}).get(TARGET_DEPTH)
+        if iv is None:
+            verdicts.append(S.Verdict(text, "n/a", S.NOT_RUN, skipped.get("MXNet rows", "")))
+            continue
+        verdicts.append(S.Verdict(text, f"ratio {iv.text(3)} at depth {TARGET_DEPTH}",
+                                  S.judge(iv, goal, higher_is_better=False)))
 
-    if OURS in raw:
-        for other in (QUEUE_COPY, QUEUE, BG, MX_PF):
-            if other not in raw:
-                continue
-            res["ratios"][f"ours/{other}"] = {
-                str(d): U.summary([a / b for a, b in zip(extra_samples(OURS, d), extra_samples(other, d)) if b > 0])
-                for d in depths}
-    td = cfg["target_depth"] if cfg["target_depth"] in depths else depths[len(depths) // 2]
-    tgt = {}
-    r = res["ratios"].get(f"ours/{QUEUE_COPY}", {}).get(str(td))
-    if r:
-        tgt["handoff_vs_naive_safe"] = {"goal": "<= 0.2", "depth": td, "ratio": r["median"],
-                                        "met": r["median"] <= 0.2}
-    r = res["ratios"].get(f"ours/{MX_PF}", {}).get(str(td))
-    if r:
-        tgt["handoff_vs_mx_prefetchingiter"] = {"goal": "<= 1/30 = 0.0333", "depth": td, "ratio": r["median"],
-                                                "met": r["median"] <= 1 / 30}
-    elif MX_PF not in raw:
-        tgt["handoff_vs_mx_prefetchingiter"] = {"goal": "<= 1/30", "met": None,
-                                                "why": skipped.get("mx.io.PrefetchingIter", "mxnet missing")}
-    res["targets"] = tgt
-    return res
+    hdr = ["row, extra µs per batch over its plain loop"] + [f"depth {d}" for d in depths]
+    tab = []
+    for name, b, _, by_depth in rows:
+        if b is None:
+            tab.append([f"{name}: µs per batch"] + [S.interval(per_us[name][d]).text(2) for d in depths])
+        else:
+            tab.append([name] + [S.interval(extra[name][d]).text(2) if (by_depth or d == depths[0]) else "(same)"
+                                 for d in depths])
+    lines = U.table_lines(hdr, tab)
+    lines += ["", "  ratio of extra cost per batch (below 1: prefetch is cheaper)"]
+    lines += U.table_lines(["ours / other"] + [f"depth {d}" for d in depths],
+                           [[f"{a} / {b}"] + [iv[d].text(3) for d in depths] for (a, b), iv in ratio.items()])
+    lines += [f"  (not measured: {k}: {why})" for k, why in skipped.items()]
+    data = {"depths": depths, "n_per_row": n, "per_batch_us": per_us, "extra_us": extra, "skipped": skipped}
+    return {"tables": lines, "verdicts": verdicts, "data": data}
 
 
-def report(res):
-    depths = res["params"]["depths"]
-    out = [f"[1] Hand-off cost per tiny batch ({res['batch']}), µs per batch, copy included where the row copies.",
-           "    'extra' = row minus its plain loop (same repetition); median ±half-IQR over repetitions."]
-    header = ["row"] + [f"d={d} per" for d in depths] + [f"d={d} extra" for d in depths] + ["first item"]
-    rows = []
-    for name, r in res["rows"].items():
-        bd = r["by_depth"]
-        rows.append([name]
-                    + [U.fmt(bd[str(d)]["per_batch_us"]) for d in depths]
-                    + [U.fmt(bd[str(d)]["extra_us"]) if bd[str(d)]["extra_us"] else "-" for d in depths]
-                    + [U.fmt(bd[str(depths[0])]["ttfi_us"], 0, pct=False)])
-    out += U.table_lines(header, rows)
-    if res["ratios"]:
-        out.append("    ratio of extra cost, ours / other (median of per-repetition ratios):")
-        rr = [[k.split("/", 1)[1]] + [U.fmt(v[str(d)], 3) for d in depths] for k, v in res["ratios"].items()]
-        out += ["    " + x for x in U.table_lines(["vs"] + [f"d={d}" for d in depths], rr)]
-    for k, why in res["skipped"].items():
-        out.append(f"    (skipped {k}: {why})")
-    return out
-
-
-def main(argv=None):
-    U.section_main(__doc__, default_cfg, run, report, steps, argv=argv,
-                   options=[("depths", U.int_list), ("reps", int)])
-
-if __name__ == "__main__":
-    main()
+def plot(ax, data):
+    depths = data["depths"]
+    for name, by_d in data["extra_us"].items():
+        ivs = [S.interval(by_d[str(d)]) for d in depths]  # JSON keys
+        med = [max(iv.median, 1e-3) for iv in ivs]
+        ours = name.startswith("prefetch.")
+        ax.errorbar(depths, med, yerr=np.array([iv.errbar() for iv in ivs]).T,
+                    fmt="-o" if ours else "--s", lw=2.2 if ours else 1.2, capsize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.set_xlabel("depth (batches ready ahead)")
+    ax.set_ylabel("extra µs per batch over a plain loop")
+    ax.set_title("Hand-off cost per tiny batch, lower is better\n(median, bars: 95% interval)")

@@ -1,88 +1,55 @@
-"""Section 5: MXNet end to end: epoch time of a small Module.fit.
+"""MXNet end to end: epoch time of a small Module.fit (the workload is in _mx_fit.py).
 
-The workload lives in bench/bench_mx_fit.py (epoch_times(kinds, epochs, quick)
--> {kind: [seconds per epoch]}); this file only runs it when MXNet imports and
-that file exists, and reports ratios to the no-prefetcher epoch time.
-
-Run alone: python bench/bench_mx_e2e.py [--quick]
+The three feeders run their epochs interleaved (epoch 1 of each, then epoch 2 of
+each, ...), so the ratios pair epochs that ran at nearly the same time. The
+first epoch carries start-up (graph bind, thread start) and is left out.
+Runs only when MXNet imports.
 """
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _util as U  # noqa: E402
+import _baselines as B
+import _stats as S
+import _util as U
 
-KINDS = ("none", "mx", "prefetch")
-LABELS = {"none": "no prefetcher", "mx": "mx.io.PrefetchingIter", "prefetch": "prefetch.mx.PrefetchingIter"}
-
-
-def default_cfg(quick=False):
-    return {"epochs": 2 if quick else 3, "quick": quick, "kinds": list(KINDS)}
+TITLE = "MXNet Module.fit epoch time"
+LABELS = {"none": "no prefetcher (DataIter)", "mx": "mx.io.PrefetchingIter",
+          "prefetch": "prefetch.mx.PrefetchingIter"}
 
 
-def available():
-    """(epoch_times function, None) or (None, reason)."""
-    mx, why = U.load_mx()
+def add_arguments(g):
+    g.add_argument("--epochs", type=int, help="Module.fit epochs per feeder (the first is warm-up)")
+
+
+def config(a):
+    return {"epochs": a.epochs or (10 if a.quick else 16), "quick": a.quick, "skip": a.no_mx}
+
+
+def run(cfg, say):
+    mx, why = B.load_mx() if not cfg["skip"] else (None, "left out (--no-mx)")
     if mx is None:
-        return None, why + " (install mxnet==1.9.1 with numpy<1.24 on Python <= 3.11 to run it)"
-    here = os.path.dirname(os.path.abspath(__file__))
-    if not os.path.exists(os.path.join(here, "bench_mx_fit.py")):
-        return None, "bench/bench_mx_fit.py is missing"
-    try:
-        mod = importlib.import_module("bench_mx_fit")
-        return mod.epoch_times, None
-    except Exception as e:
-        return None, f"bench_mx_fit failed to import ({type(e).__name__}: {str(e)[:100]})"
+        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}}
+    say(f"{cfg['epochs']} epochs per feeder")
+    epoch_times = importlib.import_module("_mx_fit").epoch_times
+    with U.no_gc():
+        times = epoch_times(epochs=cfg["epochs"], quick=cfg["quick"])
+    steady = {k: v[1:] for k, v in times.items()}
+    tab = [[LABELS[k], S.interval(v).text(3), S.interval(S.ratios(v, steady["none"])).text(3)]
+           for k, v in steady.items()]
+    lines = U.table_lines(["feeder", "s per epoch", "vs no prefetcher"], tab)
+    return {"tables": lines, "verdicts": [], "data": {"epochs_s": times}}
 
 
-def steps(cfg):
-    return 1
-
-
-def run(cfg, prog=None):
-    prog = prog or U.NullProgress()
-    fn, why = available()
-    res = {"params": dict(cfg), "skipped": {}, "epochs_s": {}, "summary": {}, "ratio_vs_none": {}}
-    if fn is None:
-        res["skipped"]["mxnet end-to-end"] = why
-        prog.tick()
-        return res
-    prog.set("mxnet Module.fit epochs")
-    try:
-        with U.no_gc():
-            times = fn(kinds=tuple(cfg["kinds"]), epochs=cfg["epochs"], quick=cfg["quick"])
-    except Exception as e:
-        res["skipped"]["mxnet end-to-end"] = f"epoch_times raised {type(e).__name__}: {str(e)[:200]}"
-        prog.tick()
-        return res
-    prog.tick()
-    res["epochs_s"] = {k: list(v) for k, v in times.items()}
-    for k, v in times.items():
-        # the first epoch carries start-up (graph bind, thread start); report it, rank on the rest
-        steady = list(v[1:]) if len(v) > 1 else list(v)
-        res["summary"][k] = U.summary(steady)
-    if "none" in res["summary"]:
-        base = res["summary"]["none"]["median"]
-        res["ratio_vs_none"] = {k: s["median"] / base for k, s in res["summary"].items()}
-    return res
-
-
-def report(res):
-    out = ["[5] MXNet end to end: Module.fit epoch time, s (epochs after the first), median ±half-IQR."]
-    if res["summary"]:
-        rows = [[LABELS.get(k, k), U.fmt(s, 3), f"{res['ratio_vs_none'].get(k, float('nan')):.3f}",
-                 " ".join(f"{x:.3f}" for x in res["epochs_s"][k])] for k, s in res["summary"].items()]
-        out += U.table_lines(["feeding", "epoch s", "vs none", "all epochs s"], rows)
-    for k, why in res["skipped"].items():
-        out.append(f"    (skipped {k}: {why})")
-    return out
-
-
-def main(argv=None):
-    U.section_main(__doc__, default_cfg, run, report, argv=argv, options=[("epochs", int)])
-
-if __name__ == "__main__":
-    main()
+def plot(ax, data):
+    if not data:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "MXNet end to end: not measured (MXNet not importable)", ha="center")
+        return
+    ks = list(data["epochs_s"])
+    ivs = [S.interval(data["epochs_s"][k][1:]) for k in ks]
+    med = [iv.median for iv in ivs]
+    ax.bar(range(len(ks)), med, yerr=[list(e) for e in zip(*(iv.errbar() for iv in ivs))], capsize=4, color=["grey", "tab:orange", "tab:blue"][:len(ks)])
+    ax.set_xticks(range(len(ks)), [LABELS[k].replace(" (", "\n(") for k in ks], fontsize=8)
+    ax.set_ylabel("seconds per epoch")
+    ax.set_title("MXNet Module.fit epoch time, lower is better\n(median, bars: 95% interval)")

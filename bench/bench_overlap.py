@@ -1,79 +1,59 @@
-"""Section 3: overlap efficiency = N * max(P, C) / total time.
+"""Overlap: N batches whose producer spends P and consumer C per batch should
+take close to N * max(P, C), not N * (P + C).
 
-The producer spends P seconds per batch, the consumer C. Perfect overlap gives
-1.0; no overlap gives max(P, C) / (P + C) (0.5 when P == C). P and C are
-measured alone in the same repetition; a second figure uses P and C as timed
-inside the run itself (so load from other processes cancels out). Work kinds:
+Efficiency = N * max(P, C) / total time: 1.0 is perfect overlap, no overlap
+gives max(P, C) / (P + C) (0.5 when P == C). P and C are timed alone in the same
+repetition as the rows. Kinds of work:
   sleep   time.sleep (releases the GIL)
   numpy   np.sin over a cache-resident array (releases the GIL; on 2 cores the
-          copy thread then competes with both sides for the CPUs)
-  python  a pure-Python loop (holds the GIL; CPython switches threads every
-          sys.getswitchinterval() s, so it cannot overlap with other Python work)
-The "two bare threads" row runs the same P and C work on two threads with no
-hand-off at all: what this machine allows for that pair of workloads.
-
-Run alone: python bench/bench_overlap.py [--quick] [--reps 3]
+          prefetch thread then competes with both sides for the CPUs)
+  python  a pure-Python loop (holds the GIL)
+When producer and consumer both hold the GIL, no overlap is possible: CPython
+runs one of them at a time, so that case is stated, not measured.
+"two bare threads" runs the same work on two threads with no hand-off at all:
+what this machine allows for that pair.
 """
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 
+import _baselines as B
+import _stats as S
+import _util as U
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _util as U  # noqa: E402
+TITLE = "Overlap of producer and consumer work"
 
-PLAIN = "plain loop (no prefetch)"
+PLAIN = "plain loop (no prefetching)"
 BARE = "two bare threads, no hand-off (limit)"
 QCOPY = "queue.Queue thread + np.copy"
 BG = "prefetch_generator.BackgroundGenerator"
 OURS = "prefetch.Prefetcher"
+GOAL = 0.97
+GIL_KINDS = {"python"}
 
-# (case name, producer kind, P ms, consumer kind, C ms, releases GIL on both sides)
-CASES_FULL = [
-    ("sleep P=C=2ms", "sleep", 2.0, "sleep", 2.0, True),
-    ("sleep P=2ms C=1ms", "sleep", 2.0, "sleep", 1.0, True),
-    ("sleep P=1ms C=2ms", "sleep", 1.0, "sleep", 2.0, True),
-    ("numpy P=C=2ms", "numpy", 2.0, "numpy", 2.0, True),
-    ("python P=2ms, sleep C=2ms", "python", 2.0, "sleep", 2.0, False),
-    ("python P=2ms, python C=2ms", "python", 2.0, "python", 2.0, False),
-]
-
-
-def default_cfg(quick=False):
-    cases = CASES_FULL if not quick else [CASES_FULL[0], CASES_FULL[3], CASES_FULL[4], CASES_FULL[5]]
-    return {"cases": [list(c) for c in cases], "n": 60 if quick else 150, "reps": 2 if quick else 4,
-            "depth": 4}
+# (case, producer kind, P ms, consumer kind, C ms)
+CASES = [("sleep P=C=2ms", "sleep", 2.0, "sleep", 2.0),
+         ("sleep P=2ms C=1ms", "sleep", 2.0, "sleep", 1.0),
+         ("sleep P=1ms C=2ms", "sleep", 1.0, "sleep", 2.0),
+         ("numpy P=C=2ms", "numpy", 2.0, "numpy", 2.0),
+         ("python P=2ms, sleep C=2ms", "python", 2.0, "sleep", 2.0),
+         ("python P=2ms, python C=2ms", "python", 2.0, "python", 2.0)]
+QUICK = ["sleep P=C=2ms", "numpy P=C=2ms", "python P=2ms, sleep C=2ms", "python P=2ms, python C=2ms"]
 
 
-# ----------------------------------------------------------------- work kinds
+def add_arguments(g):
+    g.add_argument("--overlap-batches", type=int, help="batches per overlap run (N)")
+
+
+def config(a):
+    cases = [list(c) for c in CASES if not a.quick or c[0] in QUICK]
+    return {"cases": cases, "n": a.overlap_batches or (100 if a.quick else 150),
+            "reps": a.reps or (9 if a.quick else 11), "depth": 4}
+
 
 _NP = np.linspace(0.0, 1.0, 16384)  # 128 KiB: stays in L2, so the work is compute-bound
-_NP_OUT = {}
-
-
-def _calibrate_units():
-    """How many inner units make 1 ms, per kind (numpy and python)."""
-    out = {}
-    buf = np.empty_like(_NP)
-    # numpy: np.sin over 16K doubles, GIL released inside the ufunc loop
-    for _ in range(20):  # warm up (page in, frequency ramp)
-        np.sin(_NP, out=buf)
-    k = 100
-    t0 = time.perf_counter()
-    for _ in range(k):
-        np.sin(_NP, out=buf)
-    out["numpy"] = k / ((time.perf_counter() - t0) * 1e3)
-    # python: a counted loop that never releases the GIL on its own
-    _py_loop(100000)
-    k = 1000000
-    t0 = time.perf_counter()
-    _py_loop(k)
-    out["python"] = k / ((time.perf_counter() - t0) * 1e3)
-    return out
 
 
 def _py_loop(k):
@@ -83,30 +63,34 @@ def _py_loop(k):
     return x
 
 
-def _worker(kind, ms, units):
+def _units_per_ms():
+    """How many inner units make 1 ms, for numpy and python work."""
+    buf = np.empty_like(_NP)
+    for _ in range(20):
+        np.sin(_NP, out=buf)
+    t0 = time.perf_counter()
+    for _ in range(100):
+        np.sin(_NP, out=buf)
+    out = {"numpy": 100 / ((time.perf_counter() - t0) * 1e3)}
+    _py_loop(100000)
+    t0 = time.perf_counter()
+    _py_loop(1000000)
+    out["python"] = 1000000 / ((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _work(kind, ms, units):
     if kind == "sleep":
-        s = ms / 1e3
-        return lambda: time.sleep(s)
+        return lambda: time.sleep(ms / 1e3)
+    k = max(1, round(ms * units[kind]))
     if kind == "numpy":
-        k = max(1, round(ms * units["numpy"]))
         buf = np.empty_like(_NP)
 
         def f():
             for _ in range(k):
                 np.sin(_NP, out=buf)
         return f
-    if kind == "python":
-        k = max(1, round(ms * units["python"]))
-        return lambda: _py_loop(k)
-    raise ValueError(kind)
-
-
-def _source(produce, n, batch, spent):
-    for _ in range(n):
-        t0 = U.ns()
-        produce()
-        spent[0] += U.ns() - t0
-        yield batch
+    return lambda: _py_loop(k)
 
 
 def _alone(f, n):
@@ -131,140 +115,97 @@ def _bare(produce, consume, n):
 
 
 def _rows():
-    rows = [PLAIN, BARE, QCOPY]
-    skipped = {}
-    bg, why = U.load_bg()
+    rows, skipped = [PLAIN, BARE, QCOPY], {}
+    bg, why = B.load_bg()
     if bg is not None:
         rows.append(BG)
     else:
         skipped[BG] = why
-    prefetch, why = U.load_prefetch()
-    if prefetch is not None:
-        rows.append(OURS)
-    else:
-        skipped[OURS] = why
-    return rows, skipped, bg, prefetch
+    return rows + [OURS], skipped, bg
 
 
-def _run_row(row, produce, consume, n, depth, bg, prefetch):
+def _total_ns(row, produce, consume, n, depth, bg):
+    import prefetch
     if row == BARE:
-        return _bare(produce, consume, n), None, None
+        return _bare(produce, consume, n)
     batch = (np.zeros((4, 8), np.float32), np.zeros(4, np.int64))
-    spent = [0, 0]  # ns inside produce() and consume() during this very run
-    src = _source(produce, n, batch, spent)
+
+    def src():
+        for _ in range(n):
+            produce()
+            yield batch
     with U.no_gc():
         t0 = U.ns()
-        if row == PLAIN:
-            it = src
-        elif row == QCOPY:
-            it = U.QueuePrefetcher(src, depth, copy=True)
-        elif row == BG:
-            it = bg(src, max_prefetch=depth)
-        else:
-            it = prefetch.Prefetcher(src, depth=depth)
+        it = {PLAIN: lambda: src(), QCOPY: lambda: B.QueuePrefetcher(src(), depth, copy=True),
+              BG: lambda: bg(src(), max_prefetch=depth),
+              OURS: lambda: prefetch.Prefetcher(src(), depth=depth)}[row]()
         cnt = 0
         for _b in it:
-            t1 = U.ns()
             consume()
-            spent[1] += U.ns() - t1
             cnt += 1
         t = U.ns() - t0
-    U.close_quietly(it)
+    B.close_quietly(it)
     if cnt != n:
         raise RuntimeError(f"expected {n} batches, got {cnt}")
-    return t, spent[0] / n, spent[1] / n
+    return t
 
 
-def steps(cfg):
-    rows, _, _, _ = _rows()
-    return len(cfg["cases"]) * cfg["reps"] * (len(rows) + 1)
-
-
-def run(cfg, prog=None):
-    prog = prog or U.NullProgress()
-    rows, skipped, bg, prefetch = _rows()
-    units = _calibrate_units()
+def run(cfg, say):
+    rows, skipped, bg = _rows()
+    units = _units_per_ms()
     n, depth = cfg["n"], cfg["depth"]
-    res = {"params": dict(cfg), "units_per_ms": units, "skipped": skipped, "cases": {}}
-    for case in cfg["cases"]:
-        name, pk, pms, ck, cms, releases = case
-        produce, consume = _worker(pk, pms, units), _worker(ck, cms, units)
-        eff = {r: [] for r in rows}
-        eff_in = {r: [] for r in rows}
-        secs = {r: [] for r in rows}
-        pc = []
+    eff, pc, gil_bound = {}, {}, []
+    for name, pk, pms, ck, cms in cfg["cases"]:
+        if pk in GIL_KINDS and ck in GIL_KINDS:
+            gil_bound.append(name)
+            continue
+        produce, consume = _work(pk, pms, units), _work(ck, cms, units)
+        eff[name] = {r: [] for r in rows}
+        pc[name] = []
         for rep in range(cfg["reps"]):
-            prog.set(f"overlap {name}: alone")
-            na = max(5, n // 4)
-            p, c = _alone(produce, na), _alone(consume, na)
-            pc.append((p, c))
-            prog.tick()
+            say(f"{name}, repetition {rep + 1}/{cfg['reps']}")
+            p, c = _alone(produce, max(5, n // 5)), _alone(consume, max(5, n // 5))
+            pc[name].append((p / 1e6, c / 1e6))
             for row in U.rotate(rows, rep):
-                prog.set(f"overlap {name}: {row[:30]}")
-                t, p_in, c_in = _run_row(row, produce, consume, n, depth, bg, prefetch)
-                eff[row].append(n * max(p, c) / t)
-                if p_in is not None:
-                    # the same ratio with P and C as they took during this run: robust to
-                    # load from other processes (it slows the work and the total alike)
-                    eff_in[row].append(n * max(p_in, c_in) / t)
-                secs[row].append(t / 1e9)
-                prog.tick()
-        p_ms = U.summary([x[0] / 1e6 for x in pc])
-        c_ms = U.summary([x[1] / 1e6 for x in pc])
-        res["cases"][name] = {
-            "producer": pk, "consumer": ck, "P_ms": p_ms, "C_ms": c_ms, "both_release_gil": releases,
-            "no_overlap_efficiency": max(p_ms["median"], c_ms["median"]) / (p_ms["median"] + c_ms["median"]),
-            # the first batch's P (or the last batch's C) can never overlap
-            "pipeline_best_efficiency": n * max(p_ms["median"], c_ms["median"])
-            / (n * max(p_ms["median"], c_ms["median"]) + min(p_ms["median"], c_ms["median"])),
-            "rows": {r: {"efficiency": U.summary(eff[r]), "efficiency_inrun": U.summary(eff_in[r]),
-                         "total_s": U.summary(secs[r]), "samples": eff[r]}
-                     for r in rows},
-        }
-    tgt = {}
-    if OURS in rows:
-        rel = {k: v["rows"][OURS]["efficiency"]["median"] for k, v in res["cases"].items() if v["both_release_gil"]}
-        if rel:
-            worst = min(rel, key=rel.get)
-            lim = {k: res["cases"][k]["rows"][BARE]["efficiency"]["median"] for k in rel}
-            inrun = {k: res["cases"][k]["rows"][OURS]["efficiency_inrun"]["median"] for k in rel}
-            tgt["overlap_gil_released"] = {"goal": ">= 0.97", "by_case": rel, "worst_case": worst,
-                                           "worst": rel[worst], "met": rel[worst] >= 0.97,
-                                           "bare_threads_limit_by_case": lim,
-                                           "inrun_by_case": inrun, "inrun_worst": min(inrun.values()),
-                                           "pipeline_best_by_case": {k: res["cases"][k]["pipeline_best_efficiency"]
-                                                                     for k in rel}}
-    else:
-        tgt["overlap_gil_released"] = {"goal": ">= 0.97", "met": None, "why": skipped.get(OURS)}
-    res["targets"] = tgt
-    return res
+                eff[name][row].append(n * max(p, c) / _total_ns(row, produce, consume, n, depth, bg))
+    free = [c[0] for c in cfg["cases"] if c[1] not in GIL_KINDS and c[3] not in GIL_KINDS]
+    st = {c: S.judge(S.interval(eff[c][OURS]), GOAL, higher_is_better=True) for c in free}
+    worst = min(free, key=lambda c: S.interval(eff[c][OURS]).median) if free else None
+    verdicts = [S.Verdict(f"overlap efficiency >= {GOAL} when producer and consumer release the GIL",
+                          f"worst {S.interval(eff[worst][OURS]).text(3)} ({worst})" if worst else "n/a",
+                          S.combine(st.values()),
+                          "; ".join(f"{c}: {v} (two bare threads reach {S.interval(eff[c][BARE]).median:.3f} here)"
+                                    for c, v in st.items()))]
+    cases = list(eff)
+    p_c = {c: (float(np.median([x[0] for x in pc[c]])), float(np.median([x[1] for x in pc[c]]))) for c in cases}
+    # the first batch's P (or the last batch's C) can never overlap
+    best = {c: n * max(p_c[c]) / (n * max(p_c[c]) + min(p_c[c])) for c in cases}
+    tab = [["P / C timed alone, ms"] + [f"{p_c[c][0]:.2f} / {p_c[c][1]:.2f}" for c in cases],
+           ["(best a pipeline of N can do)"] + [f"{best[c]:.3f}" for c in cases]]
+    tab += [[r] + [S.interval(eff[c][r]).text(3) for c in cases] for r in rows]
+    lines = U.table_lines([f"row, efficiency (N={n}, depth={depth})"] + cases, tab)
+    lines += [f"  {c}: no overlap is possible (producer and consumer both hold the GIL); not measured."
+              for c in gil_bound]
+    lines += [f"  (not measured: {k}: {why})" for k, why in skipped.items()]
+    return {"tables": lines, "verdicts": verdicts,
+            "data": {"n": n, "cases": cases, "efficiency": eff, "gil_bound": gil_bound, "pipeline_best": best}}
 
 
-def report(res):
-    cases = list(res["cases"])
-    p = res["params"]
-    out = [f"[3] Overlap efficiency N*max(P,C)/total (1.0 = perfect; N={p['n']}, depth={p['depth']}), median ±half-IQR."]
-    header = ["row"] + cases
-    rows = [["P / C measured alone, ms"] + [f"{res['cases'][c]['P_ms']['median']:.2f} / {res['cases'][c]['C_ms']['median']:.2f}"
-                                            for c in cases],
-            ["(no overlap would give)"] + [f"{res['cases'][c]['no_overlap_efficiency']:.2f}" for c in cases],
-            ["(perfect pipeline of N gives)"] + [f"{res['cases'][c]['pipeline_best_efficiency']:.3f}" for c in cases]]
-    names = list(res["cases"][cases[0]]["rows"]) if cases else []
-    for r in names:
-        rows.append([r] + [U.fmt(res["cases"][c]["rows"][r]["efficiency"], 3) for c in cases])
-    out += U.table_lines(header, rows)
-    out.append("    same, with P and C as timed inside each run (robust to load from other processes):")
-    rows = [[r] + [U.fmt(res["cases"][c]["rows"][r].get("efficiency_inrun"), 3) for c in cases]
-            for r in names if res["cases"][cases[0]]["rows"][r].get("efficiency_inrun")]
-    out += ["    " + x for x in U.table_lines(["row"] + cases, rows)]
-    for k, why in res["skipped"].items():
-        out.append(f"    (skipped {k}: {why})")
-    return out
-
-
-def main(argv=None):
-    U.section_main(__doc__, default_cfg, run, report, steps, argv=argv,
-                   options=[("n", int), ("reps", int), ("depth", int)])
-
-if __name__ == "__main__":
-    main()
+def plot(ax, data):
+    cases, eff = data["cases"], data["efficiency"]
+    rows = list(eff[cases[0]]) if cases else []
+    w = 0.8 / max(1, len(rows))
+    for i, r in enumerate(rows):
+        ivs = [S.interval(eff[c][r]) for c in cases]
+        med = [iv.median for iv in ivs]
+        ax.bar([j + (i - (len(rows) - 1) / 2) * w for j in range(len(cases))], med, w,
+               yerr=np.array([iv.errbar() for iv in ivs]).T, capsize=2, label=r)
+    ax.axhline(GOAL, color="k", lw=0.8, ls="--", label=f"target {GOAL}")
+    ax.axhline(0.5, color="grey", lw=0.8, ls=":", label="no overlap (cases with P = C)")
+    ax.set_xticks(range(len(cases)), [c.replace(", ", "\n").replace(" P", "\nP") for c in cases], fontsize=8)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("N·max(P,C) / total time")
+    title = "Overlap efficiency, 1.0 = perfect (median, bars: 95% interval)"
+    if data["gil_bound"]:
+        title += "\nnot shown: " + ", ".join(data["gil_bound"]) + " (both hold the GIL: no overlap possible)"
+    ax.set_title(title, fontsize=10)

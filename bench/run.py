@@ -1,18 +1,33 @@
-"""The main job: measure prefetch against every alternative on this machine.
+"""The benchmark: prefetch beside a plain loop, a threading + queue.Queue
+prefetcher and mx.io.PrefetchingIter, on this machine, in one run.
 
-    python bench/run.py [--quick] [--out DIR] [--sections handoff,copy,overlap,memory,mx_e2e]
+    python bench/run.py [--quick] [--out DIR] [--sections a,b] [--reps N] [section options]
 
-Shows a progress bar, prints one table per section and the targets, and writes
-DIR/bench.json (every figure, every sample), DIR/bench.txt (the tables) and
-DIR/bench.png (the plot). All comparisons are ratios measured in this process,
-interleaved, over several repetitions, with the cyclic GC off while timing.
---quick takes under 2 minutes on 2 cores. Missing optional packages
-(prefetch_generator, mxnet, matplotlib, tqdm) turn their rows into a note.
-Exit status: 0 when every section ran (targets met or not), 1 when one crashed.
+Prints a summary sentence, the targets with their verdicts, then one table per
+section; writes DIR/bench.txt (the report), DIR/bench.json (every sample) and
+DIR/bench.png (the plot). Every figure is the median over repetitions with its
+95 % interval; rows are interleaved within each repetition, so machine noise
+hits all rows alike. A target is "met" only when its whole interval clears it,
+"missed" when the whole interval is on the wrong side, else "inconclusive".
+--quick (CI smoke) takes under 3 minutes on 2 cores. Exit status 0 when every
+section ran, whatever the verdicts; 1 when a section crashed.
+
+Adding a section: write bench/bench_<name>.py and add <name> to SECTIONS below.
+The module provides
+    TITLE                    a heading in the user's words
+    config(args) -> dict     its parameters from the parsed command line
+                             (args.quick, args.reps, args.no_mx and its own)
+    run(cfg, say) -> dict    {"tables": [lines], "verdicts": [_stats.Verdict],
+                              "data": JSON-able figures}; say(text) shows progress
+and optionally
+    add_arguments(group)     its own command-line options (names unique across sections)
+    plot(ax, data)           one matplotlib panel from its "data" (as read back from JSON)
+Use only the public prefetch API (prefetch.Prefetcher, .stats(), prefetch.mx).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -21,173 +36,136 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+# One OpenMP thread for MXNet's operators, set before anything imports mxnet:
+# on a 2-core machine a team on both cores would fight the prefetch thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
-import _util as U  # noqa: E402
-import bench_copy  # noqa: E402
-import bench_handoff  # noqa: E402
-import bench_memory  # noqa: E402
-import bench_mx_e2e  # noqa: E402
-import bench_overlap  # noqa: E402
+SECTIONS = ["handoff", "copy", "memory", "overlap", "mx_e2e", "torch"]
 
-SECTIONS = {
-    "handoff": bench_handoff,
-    "copy": bench_copy,
-    "overlap": bench_overlap,
-    "memory": bench_memory,
-    "mx_e2e": bench_mx_e2e,
-}
-
-TARGET_TEXT = {
-    "handoff_vs_naive_safe": "hand-off extra cost <= 1/5 of queue.Queue + np.copy",
-    "handoff_vs_mx_prefetchingiter": "hand-off extra cost <= 1/30 of mx.io.PrefetchingIter",
-    "copy_w1_vs_copyto_1t": "copy >= 0.9x 1-thread np.copyto (>= 1 MiB), workers=1",
-    "copy_w2_vs_copyto_2t": "copy >= 0.9x 2-thread np.copyto (>= 1 MiB), workers=2",
-    "overlap_gil_released": "overlap >= 0.97 when both sides release the GIL",
-    "zero_faults_steady_state": "zero page faults per batch in steady state",
-}
+try:
+    import _stats as S  # needs scipy
+    import _util as U
+except ImportError as e:
+    sys.exit(f"bench/run.py needs {e.name}: pip install '.[bench]' (or pip install scipy numpy)")
 
 
-def _targets_lines(targets):
-    rows = []
-    for key, text in TARGET_TEXT.items():
-        t = targets.get(key)
-        if t is None:
-            continue
-        met = t.get("met")
-        verdict = "n/a" if met is None else ("MET" if met else "MISSED")
-        if "ratio" in t:
-            val = f"{t['ratio']:.3f} at depth {t['depth']}"
-        elif "worst_ratio" in t:
-            val = f"worst {t['worst_ratio']:.2f} at {U.human_bytes(t['worst_size'])}"
-        elif "worst" in t:
-            val = f"worst {t['worst']:.3f} ({t['worst_case']})"
-            if t.get("inrun_worst") is not None:
-                val += f"; in-run P,C: worst {t['inrun_worst']:.3f}"
-        elif "by_size" in t:
-            late = t.get("late_pool_blocks_by_size") or {}
-            val = ", ".join((f"{U.human_bytes(int(s))}: {v:.1f}" + (f" ({late[s]} late block)" if late.get(s) else ""))
-                            if v is not None else f"{s}: n/a" for s, v in t["by_size"].items())
-        else:
-            val = t.get("why") or ""
-        rows.append([text, verdict, val[:90]])
-    return ["Targets (issue 4; ratios from this run):"] + U.table_lines(["target", "verdict", "measured"], rows)
+def _sections():
+    return {name: importlib.import_module(f"bench_{name}") for name in SECTIONS}
+
+
+def _parser(mods):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CI smoke: fewer sizes and repetitions (< 3 min on 2 cores)")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"), help="folder for bench.txt, bench.json, bench.png")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma list of: " + ", ".join(SECTIONS))
+    ap.add_argument("--reps", type=int, help="repetitions of every timed row (>= 6 for a 95%% interval)")
+    ap.add_argument("--no-mx", action="store_true", help="leave the MXNet rows out even when it imports")
+    ap.add_argument("--no-plot", action="store_true")
+    for name, m in mods.items():
+        if hasattr(m, "add_arguments"):
+            m.add_arguments(ap.add_argument_group(f"{name}: {m.TITLE}"))
+    return ap
+
+
+def _say(section):
+    tty = sys.stderr.isatty()  # a terminal: one line rewritten in place; a log: a line every 10 s
+    last = [-1e9]
+
+    def say(text, final=False):
+        if tty:
+            print("\r" + f"[{section}] {text}"[:100].ljust(100), end="", file=sys.stderr, flush=True)
+        elif final or time.monotonic() - last[0] >= 10:
+            last[0] = time.monotonic()
+            print(f"[{section}] {text}", file=sys.stderr, flush=True)
+    return say
+
+
+def _summary(env, quick, wanted, verdicts, mods, load):
+    by = {}
+    for v in verdicts:
+        by.setdefault(v.status, []).append(v.target)
+    what = ", ".join(t if t[1].isupper() else t[0].lower() + t[1:] for t in (mods[s].TITLE for s in wanted))
+    counts = "; ".join(f"{st} {len(by[st])}" + (f" ({'; '.join(by[st])})" if st in (S.MET, S.MISSED) else "")
+                       for st in (S.MET, S.MISSED, S.INCONCLUSIVE, S.NOT_RUN) if st in by)
+    return (f"Measured {what} of prefetch against a plain loop, a threading + queue.Queue prefetcher"
+            f"{' and mx.io.PrefetchingIter' if env['mxnet'] else ''} ({'quick' if quick else 'full'} run) "
+            f"on {env['cpu']}, {env['cores']} cores, Python {env['python']}, numpy {env['numpy']}"
+            f"{', mxnet ' + env['mxnet'] if env['mxnet'] else ''}. "
+            f"Of {len(verdicts)} targets: {counts or 'none judged'}."
+            + (f" The machine was busy (load average up to {load:.1f} on {env['cores']} cores): expect wide "
+               "intervals, and figures that differ from a quiet machine's." if load and load > 0.5 * env["cores"] else ""))
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="prefetch benchmarks: the main job",
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (< 2 min on 2 cores)")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"), help="folder for bench.json/.txt/.png")
-    ap.add_argument("--sections", default=",".join(SECTIONS),
-                    help="comma list of: " + ", ".join(SECTIONS))
-    ap.add_argument("--reps", type=int, help="repetitions for every timed section")
-    ap.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")], help="hand-off depths, e.g. 1,4,16")
-    ap.add_argument("--sizes", type=lambda s: [U.parse_size(x) for x in s.split(",")],
-                    help="copy sizes, e.g. 64k,1m,16m,256m")
-    ap.add_argument("--no-mx", action="store_true", help="leave MXNet rows out even when it imports")
-    ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
-                    help="before each section, wait up to S s for other processes to go quiet")
-    ap.add_argument("--no-plot", action="store_true")
-    ap.add_argument("--no-progress", action="store_true")
-    a = ap.parse_args(argv)
-
+    mods = _sections()
+    a = _parser(mods).parse_args(argv)
     wanted = [s.strip() for s in a.sections.split(",") if s.strip()]
-    bad = [s for s in wanted if s not in SECTIONS]
+    bad = [s for s in wanted if s not in mods]
     if bad:
-        ap.error(f"unknown section(s) {bad}; choose from {list(SECTIONS)}")
-    if a.no_mx and "mx_e2e" in wanted:
-        wanted.remove("mx_e2e")
-    cfgs = {}
-    for s in wanted:
-        cfg = SECTIONS[s].default_cfg(a.quick)
-        if a.reps and "reps" in cfg:
-            cfg["reps"] = a.reps
-        if s == "handoff":
-            cfg["no_mx"] = a.no_mx
-            if a.depths:
-                cfg["depths"] = a.depths
-        if s == "copy" and a.sizes:
-            cfg["sizes"] = a.sizes
-        cfgs[s] = cfg
-
+        sys.exit(f"--sections: unknown section(s) {bad}; choose from {SECTIONS}")
+    if a.reps is not None and a.reps < 1:
+        sys.exit(f"--reps must be >= 1, got {a.reps}")
     env = U.env_info()
-    print(f"prefetch bench ({'quick' if a.quick else 'full'}): Python {env['python']}, numpy {env['numpy']}, "
-          f"{env.get('cpu', '?')}, {env['cpu_count']} cores, mxnet {env['mxnet'] or 'absent'}", file=sys.stderr)
-    print(f"prefetch {env['prefetch'] or 'NOT IMPORTABLE'} from {env['prefetch_file']}", file=sys.stderr)
-    if env["prefetch_standin"]:
-        print("WARNING: this is a stand-in prefetch, not the real core", file=sys.stderr)
-
-    total = sum(SECTIONS[s].steps(cfgs[s]) for s in wanted)
-    prog = U.Progress(total, enabled=not a.no_progress)
-    t_start = time.perf_counter()
-    waited = 0.0
-    result = {"quick": a.quick, "argv": sys.argv[1:] if argv is None else argv, "env": env,
-              "config": cfgs, "sections": {}, "errors": {}, "section_wall_s": {}, "others_cpu": {}}
-    for i, s in enumerate(wanted, 1):
-        if prog._bar is None or getattr(prog._bar, "disable", False):
-            print(f"[{i}/{len(wanted)}] {s} ...", file=sys.stderr, flush=True)
-        if a.wait_idle > 0:
-            prog.set(f"waiting for a quiet machine before {s}")
-            tw = time.perf_counter()
-            U.wait_idle(a.wait_idle)
-            waited += time.perf_counter() - tw
-        t0 = time.perf_counter()
-        snap = U.cpu_snapshot()
-        try:
-            result["sections"][s] = SECTIONS[s].run(cfgs[s], prog)
-        except Exception:
-            result["errors"][s] = traceback.format_exc()
-            print(f"\nsection {s} failed:\n{result['errors'][s]}", file=sys.stderr)
-        result["section_wall_s"][s] = round(time.perf_counter() - t0, 1)
-        result["others_cpu"][s] = U.others_cpu(snap, U.cpu_snapshot())
-    prog.close()
-    result["waited_s"] = round(waited, 1)
-    result["wall_s"] = round(time.perf_counter() - t_start - waited, 1)
-
-    targets = {}
-    for s, r in result["sections"].items():
-        targets.update(r.get("targets", {}))
-    result["targets"] = targets
-
-    lines = [f"prefetch bench, {'quick' if a.quick else 'full'} mode, {env['time_utc']}: "
-             f"{env.get('cpu', '?')}, {env['cpu_count']} cores, Python {env['python']}, numpy {env['numpy']}, "
-             f"prefetch {env['prefetch']}, mxnet {env['mxnet'] or 'absent'}",
-             f"command: python bench/run.py {' '.join(result['argv'])}".rstrip(), ""]
+    load0, t_start = U.load_average(), time.perf_counter()
+    results, errors, verdicts = {}, {}, []
     for s in wanted:
-        if s in result["sections"]:
-            lines += SECTIONS[s].report(result["sections"][s]) + [""]
-        else:
-            lines += [f"[{s}] FAILED: " + result["errors"][s].strip().splitlines()[-1], ""]
-    lines += _targets_lines(targets)
-    lines.append(f"wall time {result['wall_s']} s (" + ", ".join(f"{k} {v} s" for k, v in result["section_wall_s"].items()) + ")"
-                 + (f" + {result['waited_s']} s waiting for a quiet machine" if waited else ""))
-    busy = {k: v for k, v in result["others_cpu"].items() if v is not None}
-    if busy:
-        lines.append("CPU share used by other processes during each section: "
-                     + ", ".join(f"{k} {v:.0%}" for k, v in busy.items())
-                     + ("  <- the machine was busy: figures disturbed" if max(busy.values()) > 0.1 else ""))
+        say = _say(s)
+        t0 = time.perf_counter()
+        try:
+            cfg = mods[s].config(a)
+            r = mods[s].run(cfg, say)
+            r["config"], r["wall_s"] = cfg, round(time.perf_counter() - t0, 1)
+            results[s] = r
+            verdicts += r["verdicts"]
+        except Exception:  # noqa: BLE001 - one crashed section must not lose the others' figures
+            errors[s] = traceback.format_exc()
+            print(f"\n[{s}] failed:\n{errors[s]}", file=sys.stderr)
+        say(f"done in {time.perf_counter() - t0:.0f} s", final=True)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    wall = time.perf_counter() - t_start
+    load1 = U.load_average()
+
+    lines = [_summary(env, a.quick, wanted, verdicts, mods, max(x or 0 for x in (load0, load1))), ""]
+    lines += U.table_lines(["target", "measured: median [95% interval]", "verdict"],
+                           [[v.target, v.measured, v.status.upper()] for v in verdicts], indent="")
+    lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note and "; " in v.note]
+    lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
+              "inconclusive: the interval straddles the target (too noisy or too close to tell).",
+              (f"Run: {env['time_utc']}, {wall:.0f} s; load average {load0 or 0:.2f} before, {load1 or 0:.2f} after "
+               "(above ~0.5 per core other processes shared the machine: expect wide intervals)."), ""]
+    for s in wanted:
+        lines.append(f"== {mods[s].TITLE} ==")
+        if s in errors:
+            lines += ["  FAILED: " + errors[s].strip().splitlines()[-1], ""]
+            continue
+        doc = (mods[s].__doc__ or "").strip().splitlines()  # what the section measures, for the reader
+        lines += ["  " + x for x in doc] + [""] + results[s]["tables"] + [f"  ({results[s]['wall_s']} s)", ""]
     text = "\n".join(lines)
     print(text)
 
     os.makedirs(a.out, exist_ok=True)
-    jpath = os.path.join(a.out, "bench.json")
-    with open(jpath, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    with open(os.path.join(a.out, "bench.txt"), "w") as f:
-        f.write(text + "\n")
-    written = [jpath, os.path.join(a.out, "bench.txt")]
+    out = {"quick": a.quick, "argv": sys.argv[1:] if argv is None else argv, "env": env, "wall_s": wall,
+           "load_average": [load0, load1], "summary": lines[0],
+           "verdicts": [v.as_dict() for v in verdicts], "errors": errors,
+           "sections": {s: {"title": mods[s].TITLE, "config": r["config"], "data": r["data"]}
+                        for s, r in results.items()}}
+    written = []
+    for name, body in (("bench.txt", text + "\n"), ("bench.json", json.dumps(out, indent=1, default=str))):
+        with open(os.path.join(a.out, name), "w") as f:
+            f.write(body)
+        written.append(os.path.join(a.out, name))
     if not a.no_plot:
         try:
             import plot
-            ppath = os.path.join(a.out, "bench.png")
-            plot.plot(result, ppath)
-            written.append(ppath)
+            plot.plot(json.loads(json.dumps(out, default=str)), os.path.join(a.out, "bench.png"))
+            written.append(os.path.join(a.out, "bench.png"))
         except ImportError as e:
             print(f"(no plot: {e}; pip install matplotlib)", file=sys.stderr)
-        except Exception:
-            print("plot failed:\n" + traceback.format_exc(), file=sys.stderr)
     print("wrote " + ", ".join(written))
-    return 1 if result["errors"] else 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

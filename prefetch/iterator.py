@@ -7,16 +7,21 @@ finalizer at once, which closes the core and joins the thread (SPEC §5).
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import numbers
+import sys
+import warnings
 import weakref
-from typing import Any, Callable, Iterable, Optional, Sized
+from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Optional, Sized, TypeVar
 
-from prefetch._ring import _Core, _Iterator
+from prefetch import adapters
+from prefetch._core import _Core, _Iterator
 from prefetch._types import Stats
 
 _names = itertools.count(1)
+T = TypeVar("T")
 
 
 # Upper bounds: a ring slot per depth, a thread per worker; past these a
@@ -24,6 +29,7 @@ _names = itertools.count(1)
 MAX_DEPTH = 1 << 20
 MAX_WORKERS = 256
 MAX_BYTES = (1 << 63) - 1
+_exit_hook = False  # _at_exit registered
 
 
 def _check_int(arg: str, value: Any, minimum: int, maximum: int) -> int:
@@ -46,20 +52,47 @@ def _check_timeout(value: Any) -> Optional[float]:
     return seconds
 
 
-class Prefetcher(_Iterator):
+_exiting = False   # set at interpreter exit: no ResourceWarning then
+
+
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+def _collected(core: _Core, created_at: tuple[str, int]) -> None:
+    """The finalizer of a Prefetcher dropped without close(): close its core
+    (joins the thread, frees the pool) and, if it was still running, warn
+    where it was created, as an unclosed file does."""
+    running = core.state == "running"
+    core.close()
+    if running and not _exiting:
+        warnings.warn_explicit(
+            f"unclosed prefetcher {core.name!r}: call close() or use 'with Prefetcher(...)'",
+            ResourceWarning, created_at[0], created_at[1])
+
+
+class Prefetcher(_Iterator, Generic[T]):
     """Produce the batches of ``source`` ahead of the consumer, as fresh copies.
+
+    Iterating again after the stream ended starts a new epoch when ``source``
+    is re-iterable (a list, a DataLoader: ``iter(source)`` returns a new
+    iterator); over a one-shot iterator it raises ``RuntimeError`` instead of
+    silently yielding nothing.
 
     Parameters
     ----------
     source : iterable
-        Any iterable of batches; ``iter(source)`` is called once, here.
+        Any iterable of batches; ``iter(source)`` is called here, and again at
+        the start of each later epoch.
     depth : int, default 4
         Batches produced ahead of the consumer (>= 1).
     workers : int, default 1
         Threads that copy; ``next(source)`` stays serialized and in order, the
         extra workers split the copying of large batches.
-    device : MXNet context or None
-        Deliver batches as NDArrays on this context (needs ``prefetch.mx``).
+    device : a framework's device object, or None
+        Deliver the array leaves there, through the adapter of the framework
+        that owns the device's type (see ``prefetch.adapters``).
     timeout : float or None
         Longest wait for one batch in ``next()``; past it ``TimeoutError``.
     max_bytes : int or None
@@ -76,7 +109,7 @@ class Prefetcher(_Iterator):
     # _core and _timeout live in the compiled base (its __next__ is C); _core
     # stays None until the end of __init__, so close() works on a half-built object.
 
-    def __init__(self, source: Iterable[Any], depth: int = 4, *, workers: int = 1,
+    def __init__(self, source: Iterable[T], depth: int = 4, *, workers: int = 1,
                  device: Any = None, timeout: Optional[float] = None,
                  max_bytes: Optional[int] = None, name: Optional[str] = None) -> None:
         depth = _check_int("depth", depth, 1, MAX_DEPTH)
@@ -91,23 +124,51 @@ class Prefetcher(_Iterator):
             iterator = iter(source)
         except TypeError:
             raise TypeError(f"source must be iterable, got {source!r} ({type(source).__name__})") from None
-        finish: Optional[Callable[[Any], Any]] = None
-        if device is not None:
-            from prefetch import mx   # needs MXNet; says what to install if it is missing
-            finish = mx._device_finisher(device)
-        # Kept only to answer len(): holding a generator would keep its last
-        # batch alive after close().
-        self._sized_source: Optional[Sized] = source if isinstance(source, Sized) else None
-        self._device = device
-        core = _Core(iterator, depth, workers, cap, name, finish)
-        self._finalizer = weakref.finalize(self, core.close)
+        # Validated once, here, by the adapter that owns the device's type.
+        delivery = None if device is None else adapters._open_device(device)
+        # A re-iterable source is kept for later epochs and len(); a one-shot
+        # iterator is not (it would keep its last batch alive after close()).
+        self._source: Optional[Iterable[T]] = None if iterator is source else source
+        self._options = (depth, workers, cap, name, delivery)
+        caller = sys._getframe(1)
+        self._created_at = (caller.f_code.co_filename, caller.f_lineno)
+        self._start(iterator)
+
+    def _start(self, iterator: Iterator[T]) -> None:
+        core = _Core(iterator, *self._options)
+        self._finalizer = weakref.finalize(self, _collected, core, self._created_at)
+        global _exit_hook
+        if not _exit_hook:
+            # Registered after weakref.finalize's own exit hook: atexit runs
+            # hooks last-in first-out, so this one runs first.
+            atexit.register(_at_exit)
+            _exit_hook = True
         self._core = core
         core.start()
 
+    def __iter__(self) -> "Prefetcher[T]":
+        core = self._core
+        if core is not None and core.state == "ended":
+            if self._source is None:
+                raise RuntimeError(
+                    f"{self!r} has ended and its source is a one-shot iterator; to loop "
+                    "over several epochs, pass a re-iterable source (a list, a DataLoader)")
+            self._finalizer.detach()
+            core.close()
+            self._start(iter(self._source))
+        return self
+
+    if TYPE_CHECKING:
+        def __next__(self) -> T: ...
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"cannot pickle {self!r}: a Prefetcher owns threads and buffers; "
+                        "pickle its source and build a new Prefetcher instead")
+
     def __len__(self) -> int:
-        if self._sized_source is None:
+        if not isinstance(self._source, Sized):
             raise TypeError(f"the source of {self!r} has no len()")
-        return len(self._sized_source)
+        return len(self._source)
 
     def close(self) -> None:
         """Stop the workers, drop unconsumed batches and free the buffers.
@@ -125,12 +186,12 @@ class Prefetcher(_Iterator):
         return self._core is None or self._core.closed
 
     def stats(self) -> Stats:
-        """A frozen snapshot of the counters (see ``prefetch.Stats``)."""
+        """A frozen snapshot of the current epoch's counters (see ``prefetch.Stats``)."""
         if self._core is None:
             raise ValueError("Prefetcher.__init__ did not complete")
         return Stats(**self._core.stats())
 
-    def __enter__(self) -> "Prefetcher":
+    def __enter__(self) -> "Prefetcher[T]":
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

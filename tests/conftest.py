@@ -4,11 +4,12 @@ import faulthandler
 import gc
 import os
 import random
-import signal
 import sys
 import threading
 
 import pytest
+
+from support import Rand
 
 faulthandler.enable()
 
@@ -17,7 +18,7 @@ faulthandler.enable()
 def no_leaks():
     """SPEC §5: after each test no thread, core, pool, block or copy helper
     outlives its prefetcher (the counters come from the compiled core)."""
-    from prefetch._ring import _live_counts
+    from prefetch._core import _live_counts
 
     gc.collect()
     threads_before = set(threading.enumerate())
@@ -33,38 +34,8 @@ def no_leaks():
     assert _live_counts() == counts_before
 
 
-class Rand(random.Random):
-    """A seeded Random whose repr shows the seed, so a failure can be replayed
-    with PREFETCH_SEED=<seed>."""
-
-    def __init__(self, seed):
-        super().__init__(seed)
-        self.seed_value = seed
-
-    def __repr__(self):
-        return f"Rand(seed={self.seed_value})"
-
-
 @pytest.fixture
 def rand():
     seed = int(os.environ.get("PREFETCH_SEED", random.randrange(2**32)))
     print(f"PREFETCH_SEED={seed}", file=sys.stderr)
     return Rand(seed)
-
-
-def run_python(code, timeout=60, env=None):
-    """Run `code` in a fresh interpreter; returns CompletedProcess (text)."""
-    import subprocess
-    import tempfile
-    full_env = dict(os.environ, PYTHONFAULTHANDLER="1", **(env or {}))
-    # Not the checkout: its prefetch/ has no compiled core when installed non-editable.
-    # A session of its own, so a timeout kills forked grandchildren too.
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=full_env, cwd=tempfile.gettempdir(), start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

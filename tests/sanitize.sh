@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python test suite against an ASan+UBSan build of the core (issue 5; STYLE §6.7):
 #   bash tests/sanitize.sh [pytest args]      (default args: -m "not stress" -k "not csrc_under")
-# 1. Copies the checkout (sources only: no build/, no *.so, no generated _ring.c) to
+# 1. Copies the checkout (sources only: no build/, no *.so, no generated _core.c) to
 #    build/sanitize/src, so setuptools cannot reuse an object built without the
 #    sanitizers, and builds it there with PREFETCH_SANITIZE=1 into a fresh venv,
 #    build/sanitize/venv (PYTHON picks the interpreter; default python3.11).
@@ -15,7 +15,7 @@
 #    build/sanitize/logs/asan.<pid>.
 # Fails if pytest fails, or if any process wrote a sanitizer report.
 # Triage only (never in CI): PREFETCH_UBSAN_SUPPRESSIONS=<file> passes a UBSan
-# suppressions file (lines like "alignment:_ring.c") to see past a known report.
+# suppressions file (lines like "alignment:_core.c") to see past a known report.
 # The csrc drivers run under ASan/UBSan/TSan in the ordinary pass already (test_csrc.py).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +26,7 @@ cc="${CC:-gcc}"
 rm -rf "$work"
 mkdir -p "$work/src" "$work/logs"
 tar -C "$root" --exclude=./build --exclude=./.git --exclude=./.venv --exclude='*.so' \
-    --exclude=./prefetch/_ring.c --exclude='*.egg-info' --exclude=./bench/out -cf - . | tar -C "$work/src" -xf -
+    --exclude=./prefetch/_core.c --exclude='*.egg-info' --exclude=./bench/out -cf - . | tar -C "$work/src" -xf -
 
 "$py" -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip >/dev/null
@@ -36,7 +36,7 @@ PREFETCH_SANITIZE=1 "$work/venv/bin/python" -m pip install -q --no-cache-dir "$w
 so="$(cd / && "$work/venv/bin/python" -I -c '
 import glob, importlib.util, os
 pkg = importlib.util.find_spec("prefetch").submodule_search_locations[0]
-print(*glob.glob(os.path.join(pkg, "_ring*.so")))')"
+print(*glob.glob(os.path.join(pkg, "_core*.so")))')"
 if ! grep -q __asan_init "$so" || ! grep -q __ubsan_handle "$so"; then
     echo "tests/sanitize.sh: $so is not built with -fsanitize=address,undefined" >&2
     exit 1

@@ -153,13 +153,13 @@ def test_bad_device_fails_at_construction():
 def test_ndarrays_queued_at_close_are_released(monkeypatch):
     """§5: close() drops queued NDArrays and syncs the engine: their blocks are freed."""
     blocks = []
-    wrap_block = pmx._wrap_block
+    wrap_block = pmx._ndarray._wrap_block
 
     def recording_wrap_block(block):
         blocks.append(weakref.ref(block))
         return wrap_block(block)
 
-    monkeypatch.setattr(pmx, "_wrap_block", recording_wrap_block)
+    monkeypatch.setattr(pmx._ndarray, "_wrap_block", recording_wrap_block)
     x = mx.nd.ones((64, 1024))
     it = pmx.PrefetchingIter(mx.io.NDArrayIter(x, mx.nd.ones(64), 4), depth=4)
     kept = it.next().data[0]

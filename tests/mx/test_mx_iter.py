@@ -220,7 +220,7 @@ def test_reset_pulls_what_the_thread_had_not_yet(monkeypatch):
     """§6: even when the fetch thread never got to run, reset() reads ahead as mx's does."""
     # A feed that is never woken after a take: the thread cannot prefetch further,
     # so reset() itself must read the sources up to `taken + depth`.
-    monkeypatch.setattr(pmx._Feed, "took_one",
+    monkeypatch.setattr(pmx._iter._Feed, "took_one",
                         lambda self: setattr(self, "taken", self.taken + 1))
     src = CountingIter()
     with pmx.PrefetchingIter(src, depth=2) as it:

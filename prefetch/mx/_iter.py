@@ -1,218 +1,15 @@
-"""MXNet adapter: NDArray leaves, DataBatch containers, ``device=`` delivery and
-``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter`` (SPEC §2, §3, §5, §6).
+"""``PrefetchingIter``: a drop-in for ``mx.io.PrefetchingIter`` (SPEC §6).
 
-Threading contract: ``_copy_ndarray``, ``_rebuild_batch`` and the callable made by
-``_device_finisher`` run on a prefetcher's fetch thread with the GIL held; so does
-``_Feed.__next__`` (it is the source of ``PrefetchingIter``'s prefetcher).  Every
-``PrefetchingIter`` method runs on the consumer's thread.  ``import prefetch`` never
-imports this module: the core imports it the first time it meets an mxnet type or
-a ``device=``, and importing it registers the hooks.
+Threading contract: ``_Feed.__next__`` runs on the prefetcher's fetch thread (it
+is the source of the PrefetchingIter's Prefetcher); every ``PrefetchingIter``
+method runs on the consumer's thread.
 """
-
-import copy
-import ctypes
 import threading
-import warnings
 import weakref
 
-import numpy as np
-
-try:
-    with warnings.catch_warnings():
-        # mxnet 1.9.1 touches np.bool at import: a DeprecationWarning on numpy 1.23.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import mxnet as mx
-        from mxnet.base import _LIB, NDArrayHandle, check_call
-        from mxnet.ndarray import ndarray as _nd
-except (ImportError, OSError, AttributeError) as _exc:
-    # AttributeError: mxnet 1.9.1 uses aliases that numpy 1.24 removed (np.bool).
-    raise ImportError(
-        "prefetch.mx needs MXNet: pip install 'prefetch-ring[mxnet]' "
-        "(mxnet==1.9.1 with numpy<1.24, Python <= 3.11); importing mxnet failed: "
-        f"{_exc!r}") from _exc
-
-from . import ClosedError, Prefetcher, _ring
-
-__all__ = ["PrefetchingIter", "patch", "unpatch", "ClosedError"]
-
-
-# --------------------------------------------------------------------------
-# Core hooks (SPEC §3): NDArray leaves and DataBatch containers.
-
-# numpy dtype -> DLPack (code, bits, lanes), as mx.nd.from_numpy maps them
-# (DLDataType.TYPE_MAP, checked on 1.9.1: bool, uint8, int32, int64, float16/32/64).
-# int8, uint32, ... take the engine-copy path.
-_DL_DTYPES = {np.dtype(name): _nd.DLDataType(*code)
-              for name, code in _nd.DLDataType.TYPE_MAP.items()
-              if name not in ("uint32", "uint64")}  # MXNet rejects these two
-_DL_CPU0 = _nd.DLContext(1, 0)  # kDLCPU, device 0
-# numpy dtypes an NDArray can hold (device= delivers these leaves as NDArrays).
-_MX_DTYPES = frozenset(np.dtype(t) for t in
-                       ("float16", "float32", "float64", "uint8", "int8", "int32", "int64", "bool"))
-_ZERO_COPY_TYPES = frozenset(dt.type for dt in _DL_DTYPES)
-_SHAPE_TYPES = {}  # ndim -> ctypes.c_int64 * ndim
-_py_incref = ctypes.pythonapi.Py_IncRef
-_py_incref.argtypes = [ctypes.py_object]
-_py_incref.restype = None
-
-
-def _wrap_block(block):
-    """An NDArray on cpu(0) over ``block``'s memory that keeps ``block`` alive.
-
-    What ``mx.nd.from_numpy(block, zero_copy=True)`` does, at half its cost, and
-    without flagging ``block`` read-only: a DLManagedTensor whose manager_ctx holds
-    a reference to ``block``, released by mx's deleter when the engine frees the
-    NDArray's storage.  ``transient_handle=True``: MXNet copies the struct, so
-    ours may go when this returns (shape is read during the call).
-    """
-    managed = _nd.DLManagedTensor()
-    tensor = managed.dl_tensor
-    tensor.data = block.__array_interface__["data"][0]
-    tensor.ctx = _DL_CPU0  # structure fields are assigned by copy
-    tensor.ndim = ndim = block.ndim
-    tensor.dtype = _DL_DTYPES[block.dtype]
-    shape_type = _SHAPE_TYPES.get(ndim)
-    if shape_type is None:
-        shape_type = _SHAPE_TYPES[ndim] = ctypes.c_int64 * ndim
-    shape = shape_type(*block.shape)
-    tensor.shape = shape  # decays to a pointer; read before MXNDArrayFromDLPackEx returns
-    managed.manager_ctx = id(block)
-    managed.deleter = _nd.dl_managed_tensor_deleter
-    _py_incref(block)  # owned by the NDArray from here; the deleter drops it
-    handle = NDArrayHandle()
-    try:
-        check_call(_LIB.MXNDArrayFromDLPackEx(
-            ctypes.byref(managed), True, ctypes.byref(handle)))
-    except BaseException:
-        ctypes.pythonapi.Py_DecRef(ctypes.py_object(block))
-        raise
-    return mx.nd.NDArray(handle=handle)
-
-
-class _HostView:
-    """Exposes a CPU NDArray's memory to numpy, keeping the NDArray alive."""
-
-    __slots__ = ("__array_interface__", "_nd")
-
-    def __init__(self, nd, ptr, shape, dtype):
-        self._nd = nd
-        self.__array_interface__ = {
-            "shape": shape,
-            "typestr": np.dtype(dtype).str,
-            "data": (ptr, True),  # read-only: we never write a source's memory
-            "version": 3,
-        }
-
-
-def _host_view(nd, shape, dtype):
-    """A read-only numpy view of a default-storage CPU NDArray, no copy.
-
-    wait_to_read() first: the engine may still be writing it.  MXNDArrayGetData
-    also reorders an MKLDNN-layout array to the default layout (and waits).
-    """
-    nd.wait_to_read()
-    ptr = ctypes.c_void_p()
-    check_call(_LIB.MXNDArrayGetData(nd.handle, ctypes.byref(ptr)))
-    return np.asarray(_HostView(nd, ptr.value, shape, dtype))
-
-
-def _copy_ndarray(nd, copy_array):
-    """Leaf hook: a fresh NDArray with ``nd``'s shape, dtype and values.
-
-    Host arrays: the core copies their memory into a pool block later in the
-    batch, without the GIL, and the NDArray we return owns that block (DLPack
-    keeps the numpy array alive until MXNet frees the NDArray).  Other contexts
-    (GPU, cpu(k>0), cpu_pinned, sparse, dtypes DLPack cannot carry) are copied
-    by the engine on their own context, complete before we return.
-    """
-    ctx = nd.context
-    stype = nd.stype
-    if stype == "default" and (
-            (ctx.device_typeid == 1 and ctx.device_id == 0)  # cpu(0)
-            # cpu_shared only carries a DataLoader's batch between processes;
-            # the copy lands in the pool on cpu(0) and frees the shared segment.
-            or ctx.device_typeid == 5):
-        dtype = nd.dtype
-        shape = nd.shape
-        if dtype in _ZERO_COPY_TYPES and 0 not in shape:
-            return _wrap_block(copy_array(_host_view(nd, shape, dtype)))
-    out = nd.copy() if stype != "default" else nd.copyto(ctx)
-    out.wait_to_read()
-    return out
-
-
-def _rebuild_batch(batch, recurse):
-    """Container hook for mx.io.DataBatch (and subclasses): copies data, label
-    and index; pad, bucket_key and provide_data/provide_label pass through."""
-    new = copy.copy(batch)
-    new.data = recurse(batch.data)
-    new.label = recurse(batch.label)
-    new.index = recurse(batch.index)
-    return new
-
-
-def _as_context(device):
-    if not isinstance(device, mx.Context):
-        raise TypeError(
-            "device must be an MXNet context such as mx.gpu(0), mx.cpu_pinned(0) "
-            f"or mx.cpu(1), got {device!r}")
-    if device.device_type == "gpu" and device.device_id >= mx.context.num_gpus():
-        raise ValueError(
-            f"device={device!r}: this MXNet sees {mx.context.num_gpus()} GPU(s)")
-    return device
-
-
-def _device_finisher(device):
-    """Core hook for ``Prefetcher(device=...)``: returns ``finish(batch)``, run on
-    the fetch thread after the host copies are complete.  It delivers every array
-    leaf as an NDArray on ``device`` (SPEC §2: numpy leaves too, when MXNet has
-    their dtype; object, string, complex and structured arrays stay numpy) and
-    returns only when the engine has finished the copies, so a batch handed out
-    is complete on its context."""
-    ctx = _as_context(device)
-
-    def finish(batch):
-        moved = []
-
-        def move(leaf):
-            if type(leaf) is np.ndarray and leaf.dtype in _MX_DTYPES:
-                # A fresh pool-backed copy: wrap its block without a copy when
-                # DLPack can carry it, then move it like any host NDArray.
-                if leaf.dtype in _DL_DTYPES and leaf.size:
-                    leaf = _wrap_block(leaf)
-                else:
-                    leaf = mx.nd.array(leaf, ctx=mx.cpu(0), dtype=leaf.dtype)
-                if ctx == mx.cpu(0):
-                    return leaf
-            if isinstance(leaf, mx.nd.NDArray) and leaf.context != ctx:
-                leaf = leaf.copyto(ctx)
-                moved.append(leaf)
-            return leaf
-
-        out = _ring.map_leaves(move, batch)
-        for nd in moved:
-            nd.wait_to_read()  # ctypes call: the GIL is released while it waits
-        return out
-
-    # For the core's close(), after it dropped the queued batches: SPEC §5 wants
-    # the engine synchronised (device memory returned) before close() returns.
-    finish.close = _engine_sync
-    return finish
-
-
-def _engine_sync():
-    """Wait until the engine has run every pending op, frees included (a dropped
-    NDArray's memory is freed by an engine op, and a pool block behind one is
-    released only then).  Never call it from an engine callback or a finalizer."""
-    mx.nd.waitall()
-
-
-_ring.register_leaf(mx.nd.NDArray, _copy_ndarray)
-_ring.register_container(mx.io.DataBatch, _rebuild_batch)
-
-
-# --------------------------------------------------------------------------
-# PrefetchingIter (SPEC §6)
+from prefetch import ClosedError, Prefetcher
+from prefetch.mx._device import as_context
+from prefetch.mx._mxnet import mx
 
 _MISMATCH = "Number of entry mismatches between iterators"
 
@@ -387,7 +184,7 @@ class PrefetchingIter(mx.io.DataIter):
         if depth < 1:
             raise ValueError(f"depth must be an int >= 1, got {depth!r}")
         if device is not None:
-            _as_context(device)
+            as_context(device)   # fail here, before any prefetcher exists
         self.n_iter = len(iters)
         self.iters = iters
         self.rename_data = rename_data
@@ -489,8 +286,7 @@ class PrefetchingIter(mx.io.DataIter):
             return
         self._closed = True
         self.current_batch = None
-        self._finalizer()
-        _engine_sync()
+        self._finalizer()   # the prefetcher's close() synchronises the engine once
 
     def __enter__(self):
         return self
@@ -500,7 +296,7 @@ class PrefetchingIter(mx.io.DataIter):
 
     def __del__(self):
         # Scripts free mx's class with an explicit __del__(); keep that working.
-        # No engine sync here: the GC may run this on an engine callback thread.
+        # The engine sync is skipped when the GC runs this on an engine thread.
         if not getattr(self, "_closed", True):
             self._closed = True
             self.current_batch = None
@@ -510,42 +306,3 @@ class PrefetchingIter(mx.io.DataIter):
         state = "closed" if self._closed else "open"
         return (f"<prefetch.mx.PrefetchingIter n_iter={self.n_iter} "
                 f"depth={self._depth} {state}>")
-
-
-# --------------------------------------------------------------------------
-# patch(): for scripts that cannot be edited.
-
-_saved = None
-
-
-def patch(depth=1, **options):
-    """Make ``mx.io.PrefetchingIter`` (and ``mxnet.io.io.PrefetchingIter``) ours
-    for code that looks it up after this call; ``unpatch()`` restores mx's.
-
-    ``depth`` defaults to 1, so every sequence of calls returns what mx's class
-    returned; ``options`` (device, timeout, ...) apply to every instance.
-    Code that did ``from mxnet.io import PrefetchingIter`` earlier keeps mx's.
-    """
-    global _saved
-    defaults = dict(options, depth=depth)
-
-    class Patched(PrefetchingIter):
-        def __init__(self, iters, rename_data=None, rename_label=None, **kw):
-            super().__init__(iters, rename_data, rename_label, **{**defaults, **kw})
-
-    Patched.__name__ = Patched.__qualname__ = "PrefetchingIter"
-    Patched.__module__ = __name__
-    if _saved is None:
-        _saved = mx.io.PrefetchingIter
-    mx.io.PrefetchingIter = Patched
-    mx.io.io.PrefetchingIter = Patched
-    return Patched
-
-
-def unpatch():
-    """Restore ``mx.io.PrefetchingIter``; a no-op when not patched."""
-    global _saved
-    if _saved is not None:
-        mx.io.PrefetchingIter = _saved
-        mx.io.io.PrefetchingIter = _saved
-        _saved = None

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from prefetch._ring import _live_counts
+from prefetch._core import _live_counts
 
 pytestmark = pytest.mark.stress
 

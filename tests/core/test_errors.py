@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from prefetch._ring import _Core
-from sources import BlockingSource
+from prefetch._core import _Core
+from support import BlockingSource
 
 
 class SourceError(Exception):

@@ -1,7 +1,8 @@
 # Declarations for the compiled core: the C in csrc/ (no Python there) and the
-# layouts of the cdef classes in _ring.pyx. Every extern is nogil so it can be
-# called inside `with nogil`.
+# layouts of the cdef classes of _core.pyx and the .pxi files it includes.
+# Every extern is nogil so it can be called inside `with nogil`.
 from libc.stdint cimport int64_t, uint64_t
+
 
 cdef extern from "pf_sync.h" nogil:
     enum:
@@ -13,6 +14,7 @@ cdef extern from "pf_sync.h" nogil:
         PF_ESYS
     int64_t pf_now_ns()
     unsigned pf_fork_epoch()
+
 
 cdef extern from "pf_ring.h" nogil:
     ctypedef struct pf_ring:
@@ -27,6 +29,7 @@ cdef extern from "pf_ring.h" nogil:
     void pf_ring_release(pf_ring *r)
     uint64_t pf_ring_fill(pf_ring *r)
     void pf_ring_close(pf_ring *r)
+
 
 cdef extern from "pf_pool.h" nogil:
     ctypedef struct pf_block:
@@ -48,6 +51,7 @@ cdef extern from "pf_pool.h" nogil:
     pf_pool_stats pf_pool_get_stats(pf_pool *p)
     void pf_pool_live(uint64_t *pools, uint64_t *blocks)
 
+
 cdef extern from "pf_copy.h" nogil:
     ctypedef struct pf_copy_job:
         void *dst
@@ -67,15 +71,28 @@ cdef class _Block:
     cdef pf_block *blk
 
 
-cdef class _TreeMap:
-    # Rebuilds a batch (tuple/list/dict/namedtuple/dataclass/registered
-    # containers), replacing each leaf by self._leaf(leaf).
-    cpdef object walk(self, object obj)
-    cdef object _walk_other(self, object obj, int kind, object handler)
-    cdef object _leaf(self, object obj, int kind, object handler)
+cdef class CopyPlan:
+    # One batch's copies (_copy.pxi): pool blocks taken and memcpy jobs queued
+    # while the tree is walked (GIL held), run afterwards without the GIL.
+    cdef pf_pool *_pool            # borrowed from the _Core; NULL once it closed
+    cdef pf_copy_job *_jobs
+    cdef size_t _njobs
+    cdef size_t _jobs_cap
+    cdef list _strided             # (out, src) pairs copied by numpy
+    cdef list _sources             # arrays the queued memcpys read: alive until _run
+    cdef uint64_t nbytes           # bytes of the batch being planned
+    cdef readonly object device    # the Delivery, or None
+    cdef set closers               # close hooks of the leaf adapters used (run once at close)
+    cdef list _deliver_idx         # leaves to hand to device.deliver (only with a device)
+
+    cdef void _reset(self)
+    cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)
+    cdef object _copy_array(self, object a)
+    cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *
+    cdef void _run(self, pf_copier *copier) except *
 
 
-cdef class _Core(_TreeMap):
+cdef class _Core:
     # The ring, its slots, the pool and the fetch thread's state. Worker
     # threads reference only this object, never the user-facing Prefetcher.
     cdef pf_ring *_ring            # heap, cache-line aligned; NULL until created
@@ -86,8 +103,8 @@ cdef class _Core(_TreeMap):
     cdef unsigned _epoch           # pf_fork_epoch() at creation
     cdef list _slots               # depth entries: batch, _Failure or _END
     cdef object _source            # the iterator; next() only on the fetch thread
-    cdef object _finish            # None or callable(batch) -> batch (device pass)
-    cdef object _finish_close      # finish.close, if any: run at the end of close()
+    cdef CopyPlan _plan            # the fetch thread's copy plan, reused per batch
+    cdef object _delivery          # None or the device adapter's Delivery
     cdef object _thread            # the fetch threading.Thread
     cdef object _worker_ident      # its threading.get_ident(), once it runs
     cdef readonly object name
@@ -99,12 +116,6 @@ cdef class _Core(_TreeMap):
     # fetch-thread state, for TimeoutError messages
     cdef int _doing
     cdef uint64_t _batch_no
-    # per-batch copy plan, reused between batches
-    cdef pf_copy_job *_jobs
-    cdef size_t _njobs
-    cdef size_t _jobs_cap
-    cdef list _strided             # (out, src) pairs copied by numpy
-    cdef uint64_t _batch_bytes
     cdef uint64_t _max_batch_bytes
     # counters (each written by one thread, read under the GIL)
     cdef uint64_t _produced
@@ -116,8 +127,6 @@ cdef class _Core(_TreeMap):
     cdef pf_pool_stats _final_pool_stats   # snapshot taken at close
 
     cpdef object take(self, object timeout=*)
-    cdef object _copy_array(self, object a)
-    cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *
     cdef object _copy_batch(self, object item)
     cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1
     cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)

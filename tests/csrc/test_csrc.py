@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
+CSRC = pathlib.Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = ["test_pf.c", "pf_sync.c", "pf_ring.c", "pf_pool.c", "pf_copy.c"]
 
 

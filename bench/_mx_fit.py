@@ -1,20 +1,13 @@
-"""Module.fit of a small MLP: epoch time with no prefetcher, mx.io.PrefetchingIter
-and prefetch.mx.PrefetchingIter, measured interleaved in one run (SPEC §6, §7).
-
-    python bench/bench_mx_fit.py [--quick] [--epochs N] [--depth D] [--json]
+"""The workload of bench_mx_e2e: Module.fit of a small MLP fed with no prefetcher,
+mx.io.PrefetchingIter or prefetch.mx.PrefetchingIter, epochs interleaved.
 
 The source is a DataIter that "decodes" every batch with numpy work that releases
 the GIL (a stand-in for JPEG decoding/augmentation), so prefetching can overlap it
 with the training step.  ``epoch_times()`` is the entry point for the bench suite.
 """
 
-import argparse
-import json
 import logging
 import os
-import platform
-import statistics
-import sys
 import time
 import warnings
 
@@ -126,38 +119,3 @@ def epoch_times(kinds=KINDS, epochs=2, quick=False, depth=4):
         for kind, (_, it) in runs.items():
             _close(kind, it)
     return times
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="24 batches an epoch, not 120")
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--depth", type=int, default=4, help="depth of prefetch.mx's iterator")
-    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of "
-                    + ",".join(KINDS))
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    kinds = tuple(k for k in args.kinds.split(",") if k)
-    times = epoch_times(kinds, epochs=args.epochs, quick=args.quick, depth=args.depth)
-    if args.json:
-        print(json.dumps(times))
-        return
-    print(f"# Module.fit MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH}; "
-          f"python {platform.python_version()}, mxnet {mx.__version__}, "
-          f"numpy {np.__version__}, {platform.machine()}")
-    print(f"{'iterator':<28}" + "".join(f"  epoch {e}" for e in range(args.epochs))
-          + "   median     best  median/none")
-    # Epoch 0 includes warm-up (binding, first allocations): summaries skip it.
-    base = statistics.median(times["none"][1:] or times["none"]) if "none" in times else None
-    names = {"none": "none (DataIter)", "mx": "mx.io.PrefetchingIter",
-             "prefetch": f"prefetch.mx (depth={args.depth})"}
-    for kind, ts in times.items():
-        steady = ts[1:] or ts
-        med = statistics.median(steady)
-        ratio = f"{med / base:11.2f}x" if base else ""
-        print(f"{names[kind]:<28}" + "".join(f"  {t:7.3f}" for t in ts)
-              + f"  {med:7.3f}  {min(steady):7.3f}  {ratio}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,17 @@
 """close(), with, finalization, interpreter exit and fork (SPEC §2, §4, §5)."""
 import gc
 import os
+import sys
 import textwrap
 import threading
+import warnings
 import weakref
 
 import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from conftest import run_python
+from support import run_python
 
 
 def rss_bytes():
@@ -54,7 +56,8 @@ def test_drop_without_close_releases_threads_without_gc():
         next(p)
         ref = weakref.ref(p)
         core_threads = [t for t in threading.enumerate() if t.name == p._core.name]
-        del p
+        with pytest.warns(ResourceWarning, match="unclosed prefetcher"):
+            del p
         assert ref() is None
         assert core_threads and not core_threads[0].is_alive()
     finally:
@@ -70,7 +73,8 @@ def test_drop_without_close_returns_memory():
     while p.stats().fill < 4:   # bounded by the test timeout
         threading.Event().wait(0.01)
     held = rss_bytes() - base
-    del p
+    with pytest.warns(ResourceWarning, match="unclosed prefetcher"):
+        del p
     freed = held - (rss_bytes() - base)
     assert held > 200 << 20, held
     assert freed > 200 << 20, (held, freed)
@@ -175,3 +179,46 @@ def test_fork_child_exiting_normally_does_not_hang():
     """))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0"
+
+
+def test_unclosed_running_prefetcher_warns_at_the_line_that_created_it():
+    """§2: a prefetcher dropped mid-stream without close() warns, as an unclosed
+    file does, pointing at the line that created it; a finished one does not."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        p = Prefetcher((np.zeros(3) for _ in range(100)), depth=2)
+        next(p)
+        del p
+        done = Prefetcher([1, 2])
+        assert list(done) == [1, 2]
+        del done
+    resource = [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(resource) == 1, [str(w.message) for w in caught]
+    assert resource[0].filename == __file__ and resource[0].lineno == line
+
+
+def test_second_loop_over_a_reiterable_source_is_a_new_epoch():
+    """§2: a re-iterable source (list, DataLoader) gives a new epoch per loop."""
+    data = [np.full(2, i) for i in range(3)]
+    with Prefetcher(data, depth=2) as p:
+        epochs = [[int(b[0]) for b in p] for _ in range(3)]
+        assert len(p) == 3
+    assert epochs == [[0, 1, 2]] * 3
+
+
+def test_second_loop_over_a_one_shot_iterator_raises_instead_of_yielding_nothing():
+    """§2: looping again over an ended one-shot stream must not silently do nothing."""
+    with Prefetcher(iter([1, 2])) as p:
+        assert list(p) == [1, 2]
+        with pytest.raises(RuntimeError, match="one-shot iterator"):
+            iter(p)
+        with pytest.raises(StopIteration):
+            next(p)   # the iterator protocol itself is unchanged
+
+
+def test_prefetcher_cannot_be_pickled_with_a_clear_message():
+    import pickle
+    with Prefetcher([1]) as p:
+        with pytest.raises(TypeError, match="cannot pickle"):
+            pickle.dumps(p)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from prefetch._ring import _Core
+from prefetch._core import _Core
 
 HAVE_MX = importlib.util.find_spec("mxnet") is not None
 
@@ -134,12 +134,24 @@ def test_huge_timeout_is_not_an_immediate_timeout(timeout):
 
 
 @pytest.mark.skipif(HAVE_MX, reason="the core-only environment: no MXNet installed")
-def test_device_without_mxnet_fails_at_construction_saying_what_to_install():
-    """§2/§6: device= needs prefetch.mx; without MXNet the constructor says so, at the call."""
+def test_device_of_a_framework_not_installed_says_what_to_install():
+    """§2/§6: a device= of a framework whose adapter cannot import fails at the
+    constructor, naming the framework, the type and the install line."""
+    context = type("Context", (), {"__module__": "mxnet.context"})
     gen = (np.full(2, i) for i in range(3))
-    with pytest.raises(ImportError, match="mxnet"):
-        Prefetcher(gen, device="gpu(0)")
+    with pytest.raises(ImportError) as info:
+        Prefetcher(gen, device=context())
+    assert "mxnet" in str(info.value) and "Context" in str(info.value)
+    assert "pip install" in str(info.value)
     assert next(gen)[0] == 0
+
+
+@pytest.mark.parametrize("device", ["gpu", "gpu(0)", 42])
+def test_device_string_or_number_fails_at_construction_naming_it(device):
+    """§2: device='gpu' is no device object: TypeError at the call, naming the value."""
+    with pytest.raises(TypeError, match="device must be") as info:
+        Prefetcher([np.zeros(1)], device=device)
+    assert repr(device) in str(info.value)
 
 
 @pytest.mark.skipif(not HAVE_MX, reason="needs MXNet for device=")

@@ -9,18 +9,7 @@ import pytest
 
 import prefetch
 from prefetch import Prefetcher
-from sources import RefillingSource
-
-
-def reference(batch):
-    """A plain deep copy: what every prefetched batch must equal."""
-    if isinstance(batch, np.ndarray):
-        return batch.copy()
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(reference(x) for x in batch)
-    if isinstance(batch, dict):
-        return {k: reference(v) for k, v in batch.items()}
-    return batch
+from support import RefillingSource
 
 
 @pytest.mark.parametrize("depth,workers", [(1, 1), (2, 1), (4, 2), (7, 4), (64, 2)])
@@ -302,7 +291,7 @@ def test_fill_counts_batches_ready_and_never_exceeds_depth():
     The producer takes a free slot before it calls next(source), so when the
     source is asked for batch 3, batches 0-2 filled the ring (peak 3) and one
     was consumed (fill 2)."""
-    from sources import BlockingSource
+    from support import BlockingSource
     src = BlockingSource(ready=3, then=[np.zeros(3)])
     with Prefetcher(src, depth=3) as p:
         next(p)

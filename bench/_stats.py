@@ -1,0 +1,93 @@
+"""Intervals and verdicts from repeated, interleaved measurements.
+
+A figure is the median of per-repetition values (usually the ratio of two rows
+timed in the same repetition, so a noisy neighbour slows both alike), with the
+distribution-free 95 % confidence interval of that median from
+``scipy.stats.quantile_test`` (order statistics, sign test): it assumes no
+normal shape, one disturbed repetition cannot drag it, and with fewer than 6
+repetitions it is honestly unbounded. A verdict is "met" only when the whole
+interval clears the target, "missed" when the whole interval is on the wrong
+side, else "inconclusive".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import stats
+
+LEVEL = 0.95
+MET, MISSED, INCONCLUSIVE, NOT_RUN = "met", "missed", "inconclusive", "not measured"
+
+
+@dataclass
+class Interval:
+    median: float
+    lo: float  # nan when there are too few repetitions for the level
+    hi: float
+    n: int
+
+    def text(self, digits: int = 2) -> str:
+        if self.n == 0:
+            return "n/a"
+        m = f"{self.median:.{digits}f}"
+        if math.isnan(self.lo):
+            return f"{m} [too few reps]"
+        return f"{m} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+
+    def errbar(self):
+        """(below, above) lengths for a plot's error bar; 0 where the interval is unbounded."""
+        if math.isnan(self.lo):
+            return 0.0, 0.0
+        return max(self.median - self.lo, 0.0), max(self.hi - self.median, 0.0)
+
+
+def interval(xs) -> Interval:
+    """Median of xs and its 95 % confidence interval (nan bounds below 6 values)."""
+    x = np.asarray([v for v in xs if v is not None and math.isfinite(v)], dtype=float)
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    med = float(np.median(x))
+    ci = stats.quantile_test(x, q=med, p=0.5).confidence_interval(LEVEL)
+    return Interval(med, float(ci.low), float(ci.high), int(x.size))
+
+
+def ratios(a, b) -> list[float]:
+    """Per-repetition a/b of two rows measured in the same repetitions."""
+    return [x / y if y > 0 else math.inf for x, y in zip(a, b)]
+
+
+@dataclass
+class Verdict:
+    target: str     # what is promised, in a user's words
+    measured: str   # the figure with its interval
+    status: str     # MET, MISSED, INCONCLUSIVE or NOT_RUN
+    note: str = ""
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def judge(iv: Interval, goal: float, higher_is_better: bool) -> str:
+    if iv.n == 0:
+        return NOT_RUN
+    if math.isnan(iv.lo):
+        return INCONCLUSIVE
+    lo, hi = (iv.lo, iv.hi) if higher_is_better else (-iv.hi, -iv.lo)
+    g = goal if higher_is_better else -goal
+    if lo >= g:
+        return MET
+    if hi < g:
+        return MISSED
+    return INCONCLUSIVE
+
+
+def combine(statuses) -> str:
+    """One verdict over several cases: missed if any missed, met only if all met."""
+    s = [x for x in statuses if x != NOT_RUN]
+    if not s:
+        return NOT_RUN
+    if MISSED in s:
+        return MISSED
+    return MET if all(x == MET for x in s) else INCONCLUSIVE

@@ -1,0 +1,33 @@
+# _errors.pxi (included by _core.pyx): C return codes -> exceptions, and the
+# note a source's exception carries to the consumer (SPEC §4).
+
+cdef class _Failure:
+    # An exception from the fetch thread, in the slot where its batch would be.
+    cdef readonly object exc
+
+    def __cinit__(self, exc):
+        self.exc = exc
+
+
+class _Closing(Exception):
+    """Raised inside the fetch thread when close() pulled the pool away."""
+
+
+cdef _check_rc(int rc, what):
+    if rc == PF_OK:
+        return
+    if rc == PF_ENOMEM:
+        raise MemoryError(f"prefetch: out of memory creating {what}")
+    raise OSError(f"prefetch: cannot create {what} (error {rc})")
+
+
+def _add_note(exc, note):
+    """PEP 678 note: add_note() on 3.11+, the same __notes__ list on 3.10."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+        notes.append(note)
+        exc.__notes__ = notes

@@ -1,0 +1,171 @@
+"""The public adapter registry: how leaves are recognised, copied and delivered.
+
+The core knows numpy arrays and the builtin containers (tuple, list, dict,
+namedtuple, dataclass and their subclasses). Everything else reaches it through
+this module: a framework adapter (a subpackage such as ``prefetch/<name>/``) or a user
+registers a leaf type (how to copy it), a container type (how to take it apart
+and rebuild it) or a device type (how to deliver leaves to it).
+
+Adapters are found without the core naming them: each declares an entry point
+in the group ``prefetch.adapters`` whose name is the top-level module of the
+framework's types and whose value is the adapter module. The first time a batch holds an
+unregistered object from such a module, or ``device=`` is such an object, the
+adapter module is imported, and importing it registers its types.
+
+Threads: ``copy``, ``flatten``/``unflatten``, ``Delivery.deliver`` and
+``Delivery.ready`` run on a prefetcher's fetch thread with the GIL held;
+``open`` runs in the ``Prefetcher`` constructor; close hooks run in ``close()``.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from prefetch import _core
+
+__all__ = ["CopyPlan", "Delivery", "register_container", "register_device", "register_leaf"]
+
+ENTRY_POINT_GROUP = "prefetch.adapters"
+
+CopyPlan = _core.CopyPlan
+
+
+class Delivery(Protocol):
+    """What ``open(device)`` of :func:`register_device` returns; one per prefetcher."""
+
+    def deliver(self, leaf: Any) -> Any:
+        """The leaf on the device; called for every array leaf of a batch, after
+        its host copies are complete. May start an asynchronous transfer."""
+
+    def ready(self) -> None:
+        """Called once per batch after every ``deliver``: returns when the batch
+        is complete on the device (or ordered so that every later use sees it so)."""
+
+    def close(self) -> None:
+        """Called once by ``Prefetcher.close()`` after the queued batches were
+        dropped: return their device memory (e.g. synchronise the stream)."""
+
+
+def _check_type(arg: str, cls: Any) -> None:
+    if not isinstance(cls, type):
+        raise TypeError(f"{arg} must be a class, got {cls!r} ({type(cls).__name__})")
+
+
+def _check_callable(arg: str, fn: Any, optional: bool = False) -> None:
+    if not (callable(fn) or (optional and fn is None)):
+        raise TypeError(f"{arg} must be callable{' or None' if optional else ''}, got {fn!r}")
+
+
+def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
+                  exclusive: Optional[Callable[[Any], bool]] = None,
+                  close: Optional[Callable[[], None]] = None) -> None:
+    """Copy leaves of type ``cls`` (and its subclasses) with ``copy(leaf, plan)``.
+
+    Parameters
+    ----------
+    cls : type
+        The leaf type. Among the registered types in ``type(leaf).__mro__`` the
+        most specific wins; registering a type again replaces its entry.
+    copy : callable(leaf, plan) -> new leaf
+        Returns the leaf to hand out, sharing no memory with ``leaf``.
+        ``plan.array(a)`` gives a fresh C-contiguous numpy array over pooled
+        memory with ``a``'s shape and dtype, whose bytes are copied from the
+        numpy array ``a`` later in the same batch, without the GIL: wrap it
+        (without a copy) in the framework's array type, keep it alive as long
+        as the wrapper lives, and do not read it. ``plan.device`` is the
+        prefetcher's :class:`Delivery`, or None.
+    exclusive : callable(leaf) -> bool, optional
+        True only when nothing but the prefetcher can reach the leaf's memory;
+        such a leaf may be handed over as is, without a copy.
+    close : callable() -> None, optional
+        Run once by ``close()`` of every prefetcher that copied such a leaf,
+        after its queued batches were dropped (e.g. an engine sync).
+    """
+    _check_type("cls", cls)
+    _check_callable("copy", copy)
+    _check_callable("exclusive", exclusive, optional=True)
+    _check_callable("close", close, optional=True)
+    _core._register_leaf(cls, (copy, exclusive, close))
+
+
+def register_container(cls: type, flatten: Callable[[Any], tuple[Sequence[Any], Any]],
+                       unflatten: Callable[[Any, list[Any]], Any]) -> None:
+    """Walk containers of type ``cls`` (and its subclasses).
+
+    ``flatten(obj)`` returns ``(children, aux)``; the children are walked like
+    any batch, and ``unflatten(aux, new_children)`` builds the container that
+    is handed out. Whatever ``aux`` holds is handed out as is: an array in it
+    would be shared with the source, so put every array among the children.
+    """
+    _check_type("cls", cls)
+    _check_callable("flatten", flatten)
+    _check_callable("unflatten", unflatten)
+    _core._register_container(cls, (flatten, unflatten))
+
+
+_device_types: dict[type, Callable[[Any], Delivery]] = {}
+
+
+def register_device(cls: type, open: Callable[[Any], Delivery]) -> None:
+    """Accept ``device=`` values of type ``cls``: ``open(device)`` is called once
+    per prefetcher, in its constructor, validates the device (raising
+    ``TypeError``/``ValueError`` that name it) and returns a :class:`Delivery`."""
+    _check_type("cls", cls)
+    _check_callable("open", open)
+    _device_types[cls] = open
+
+
+# -- discovery ---------------------------------------------------------------
+
+_lock = threading.Lock()
+_entry_points: Optional[dict[str, importlib.metadata.EntryPoint]] = None
+_loaded: set[str] = set()
+
+
+def installed() -> dict[str, str]:
+    """The adapters this installation declares: framework module -> adapter module."""
+    return {name: ep.value for name, ep in _declared().items()}
+
+
+def _declared() -> dict[str, importlib.metadata.EntryPoint]:
+    global _entry_points
+    if _entry_points is None:
+        _entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return _entry_points
+
+
+def _import_adapter_for(t: type) -> bool:
+    """Import the adapter declared for ``t``'s top-level module, if any and not
+    yet imported; True when one was imported (its types are now registered)."""
+    framework = (getattr(t, "__module__", None) or "").partition(".")[0]
+    with _lock:
+        ep = _declared().get(framework)
+        if ep is None or framework in _loaded:
+            return False
+        try:
+            ep.load()
+        except ImportError as exc:
+            raise ImportError(
+                f"{t.__module__}.{t.__qualname__} objects need prefetch's adapter for "
+                f"{framework} ({ep.value}), which failed to import: {exc}") from exc
+        _loaded.add(framework)
+        return True
+
+
+def _open_device(device: Any) -> Delivery:
+    """The Delivery for ``device=``, from the adapter that registered its type."""
+    for attempt in range(2):
+        for base in type(device).__mro__:
+            open_fn = _device_types.get(base)
+            if open_fn is not None:
+                return open_fn(device)
+        if attempt == 0 and not _import_adapter_for(type(device)):
+            break
+    frameworks = ", ".join(sorted(_declared())) or "none installed"
+    raise TypeError(
+        f"device must be None or a device object of a framework with a prefetch adapter "
+        f"({frameworks}), got {device!r} ({type(device).__name__})")
+
+
+_core._set_discover(_import_adapter_for)
