@@ -51,6 +51,7 @@ cdef class CopyPlan:
         raise TypeError("CopyPlan objects are made by the prefetcher, not by users")
 
     cdef void _reset(self):
+        self.batches += 1
         self._njobs = 0
         self.nbytes = 0
         self._strided = []
@@ -136,3 +137,18 @@ cdef class CopyPlan:
             cnp.PyArray_CopyInto(<cnp.ndarray>out, <cnp.ndarray>src)
         self._strided = []
         self._sources = []
+
+
+cdef pf_block *take_block(CopyPlan plan, size_t nbytes) except NULL:
+    cdef pf_block *blk
+    if plan._pool == NULL:
+        raise _Closing()
+    blk = pf_pool_get(plan._pool, nbytes)
+    if blk == NULL:
+        raise MemoryError(f"prefetch: cannot allocate {nbytes} bytes for an array")
+    plan.nbytes += nbytes
+    return blk
+
+
+cdef void put_block(pf_block *blk) noexcept nogil:
+    pf_pool_put(blk)

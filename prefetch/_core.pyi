@@ -11,6 +11,7 @@ def _live_counts() -> dict[str, int]: ...
 
 class CopyPlan:
     device: Any
+    batches: int
     def array(self, a: Any) -> Any: ...
 
 class _Core:

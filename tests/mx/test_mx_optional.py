@@ -43,7 +43,7 @@ def test_prefetch_mx_without_mxnet_says_what_to_install():
         "    import prefetch.mx\n"
         "except ImportError as exc:\n"
         "    print(exc)\n")
-    assert "pip install 'prefetch-ring[mxnet]'" in out
+    assert "pip install '.[mxnet]'" in out
     assert "mxnet==1.9.1" in out and "numpy<1.24" in out
 
 
