@@ -275,7 +275,7 @@ def test_dataclass_variants_keep_every_set_slot_and_leave_unset_ones_unset(make)
 # Subclasses of list, dict and tuple: items exactly, attributes copied (§3).
 
 class Tagged(dict):
-    __slots__ = ("meta", "__dict__")
+    __slots__ = ("__dict__", "meta")
 
     def __setitem__(self, key, value):  # must not be rerun on the copy
         super().__setitem__(key, ("wrapped", value))
