@@ -411,3 +411,22 @@ cdef str _cycle_message(list nodes, list path, object obj):
     ancestor = "batch" + "".join(where[:j + 1])
     return (f"the batch contains itself: {here} is the same {type(obj).__name__} as "
             f"{ancestor} (its own ancestor); a batch must be a tree")
+
+
+
+def _walk(tree, Py_ssize_t times=1):
+    """The batch ``tree`` taken apart and rebuilt ``times`` times, as the fetch
+    thread does, for bench/bench_tree.py (the walk alone cannot be timed through
+    Prefetcher). Array leaves need a prefetcher's pool: TypeError here."""
+    cdef CopyPlan plan = CopyPlan.__new__(CopyPlan)
+    cdef list leaves
+    cdef Py_ssize_t i
+    plan._reset()
+    out = None
+    for i in range(times):
+        leaves = []
+        try:
+            out = _unflatten(_flatten(tree, plan, leaves), leaves)
+        except _Closing:
+            raise TypeError("_walk takes batches without array leaves") from None
+    return out
