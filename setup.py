@@ -6,12 +6,28 @@ Build modes, from the environment:
   PREFETCH_COVERAGE=1  --coverage, and Cython line tracing
   PREFETCH_ANNOTATE=1  write prefetch/_core.html (Cython's GIL/Python-call map)
 """
+import glob
 import os
+import shlex
+import shutil
 import sys
+import sysconfig
 
-import numpy
-from Cython.Build import cythonize
+# A broken install fails here with what is missing and what to do, not with a traceback from the
+# build backend (issue 11). pip shows these lines under "error: subprocess-exited-with-error".
+if sys.version_info < (3, 10):  # noqa: UP036 (requires-python is read only after this file ran)
+    sys.exit(f"prefetch-ring needs Python >= 3.10; this is Python {sys.version.split()[0]} "
+             f"({sys.executable}).\n"
+             "Make a venv with a newer Python (e.g. python3.11 -m venv .venv) and install from there.")
+try:
+    import numpy
+    from Cython.Build import cythonize
+except ImportError as e:  # only without build isolation: pip install . installs both by itself
+    sys.exit(f"prefetch-ring's build needs Cython >= 3.0 and numpy >= 2.0 ({e}).\n"
+             "Use `pip install .` (it fetches them), or `pip install 'Cython>=3' 'numpy>=2' setuptools` "
+             "before building with --no-build-isolation.")
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 
 def flag(name):
@@ -51,4 +67,33 @@ ext = Extension(
     extra_link_args=link_args,
 )
 
-setup(ext_modules=cythonize([ext], compiler_directives=directives, annotate=flag("PREFETCH_ANNOTATE")))
+# Adapters' compiled helpers (prefetch/<framework>/_*.pyx) build with no edit
+# here. They link against nothing but libc: a framework's library is reached
+# through the one it has already loaded.
+adapters = [
+    Extension(path[:-4].replace("/", "."), [path], include_dirs=["csrc", numpy.get_include()],
+              define_macros=macros,
+              extra_compile_args=compile_args, extra_link_args=link_args)
+    for path in sorted(glob.glob("prefetch/*/_*.pyx"))
+]
+
+
+class build_ext_checked(build_ext):
+    """Checks for a C compiler before compiling: without one, say so and how to get one."""
+
+    def run(self):
+        if sys.platform != "win32":  # MSVC is found by setuptools' own search, with its own message
+            cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+            exe = shlex.split(cc)[0]
+            if shutil.which(exe) is None:
+                source = "$CC" if os.environ.get("CC") else "Python's build configuration"
+                sys.exit(f"prefetch-ring has a compiled core and needs a C compiler; none found "
+                         f"(looked for {exe!r}, named by {source}).\n"
+                         "Install one (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc; "
+                         "macOS: xcode-select --install) or point CC at it, then install again.")
+        super().run()
+
+
+setup(ext_modules=cythonize([ext] + adapters, compiler_directives=directives,
+                            annotate=flag("PREFETCH_ANNOTATE")),
+      cmdclass={"build_ext": build_ext_checked})

@@ -1,29 +1,24 @@
 #!/usr/bin/env bash
 # The main job in one command, on a fresh machine:
 #   bench/main.sh [--quick] [--out DIR] [any bench/run.py option]
-# Makes a venv (default bench/out/venv, or $BENCH_VENV), installs this checkout
-# with its [bench] extra (pip builds the core), then runs bench/run.py.
-#   BENCH_MX=1        also install the [mxnet] extra (mxnet 1.9.1, numpy 1.23.5;
-#                     Python <= 3.11): adds the mx.io.PrefetchingIter rows and the
-#                     Module.fit section. Use a separate BENCH_VENV for it.
-#   BENCH_NO_INSTALL=1  reuse the venv as it is (no rebuild).
-#   PYTHON=python3.11   the interpreter that makes the venv.
+# Installs the package as a user gets it (sdist -> wheel, tests/venvs.sh) with its [bench] extra
+# into build/test-envs/bench, then runs bench/run.py. The venv is reused while still valid and
+# only the package is reinstalled when the sources changed.
+#   BENCH_MX=1        also install the [mxnet] extra (mxnet 1.9.1, numpy 1.23.5; Python <= 3.11),
+#                     in build/test-envs/bench-mx: adds the mx.io.PrefetchingIter rows and the
+#                     Module.fit section.
+#   PYTHON=python3.11   the interpreter that makes the venv (default: a Python 3.11 if found).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
-py="${PYTHON:-python3}"
+source "$root/tests/venvs.sh"
+py="${PYTHON:-$(pf_find_python 3.11)}"
+py="${py:-python3}"
+pf_sdist
 if [[ "${BENCH_MX:-0}" == 1 ]]; then
-    venv="${BENCH_VENV:-$here/out/venv-mx}"; extras="bench,mxnet"
+    pf_env bench-mx "$py" bench,mxnet
 else
-    venv="${BENCH_VENV:-$here/out/venv}"; extras="bench"
-fi
-if [[ ! -x "$venv/bin/python" ]]; then
-    echo "bench: creating $venv" >&2
-    "$py" -m venv "$venv"
-fi
-if [[ "${BENCH_NO_INSTALL:-0}" != 1 ]]; then
-    echo "bench: installing $root[$extras] into $venv (builds the core)" >&2
-    "$venv/bin/python" -m pip install -q "$root[$extras]"
+    pf_env bench "$py" bench
 fi
 cd "$root"
-exec "$venv/bin/python" "$here/run.py" "$@"
+exec "$PF_VENV/bin/python" "$here/run.py" "$@"

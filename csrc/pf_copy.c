@@ -1,9 +1,12 @@
 /* pf_copy.c: bodies for pf_copy.h. */
-#define _POSIX_C_SOURCE 200809L /* posix_memalign, condattr_setclock, nanosleep */
 #include "pf_copy.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+/* Every wait here loops on its condition; the timeout only bounds a lost
+ * wakeup, if there ever were one. */
+#define WAKE_CHECK_NS (100 * 1000 * 1000)
 
 static atomic_uint_fast64_t live_threads;
 
@@ -44,7 +47,7 @@ static void *helper_main(void *arg) {
     pf_sync_lock(&c->sync);
     while (!c->stopping) {
         if (c->generation == seen) {
-            pf_sync_wait(&c->sync, 100 * 1000 * 1000);
+            (void)pf_sync_wait(&c->sync, WAKE_CHECK_NS);
             continue;
         }
         seen = c->generation;
@@ -57,6 +60,7 @@ static void *helper_main(void *arg) {
         size_t done = copy_shares(c, jobs, njobs, total, share, n);
         pf_sync_lock(&c->sync);
         c->shares_done += done;
+        PF_ASSERT(c->helpers_busy > 0 && c->shares_done <= n);
         c->helpers_busy--;
         pf_sync_broadcast(&c->sync);
     }
@@ -67,7 +71,6 @@ static void *helper_main(void *arg) {
 int pf_copier_init(pf_copier *c, int nhelpers) {
     memset(c, 0, sizeof *c);
     atomic_init(&c->next_share, 0);
-    c->epoch = pf_fork_epoch();
     if (pf_sync_init(&c->sync) != PF_OK) return PF_ESYS;
     if (nhelpers <= 0) return PF_OK;
     c->helpers = calloc((size_t)nhelpers, sizeof *c->helpers);
@@ -92,7 +95,8 @@ void pf_copier_fini(pf_copier *c) {
     pf_sync_broadcast(&c->sync);
     pf_sync_unlock(&c->sync);
     for (int i = 0; i < c->nhelpers; i++) {
-        pthread_join(c->helpers[i], NULL);
+        int err = pthread_join(c->helpers[i], NULL); /* fails only on a bug */
+        if (err != 0) pf_fatal("pthread_join", err);
         atomic_fetch_sub_explicit(&live_threads, 1, memory_order_relaxed);
     }
     free(c->helpers);
@@ -117,7 +121,7 @@ void pf_copy_run(pf_copier *c, const pf_copy_job *jobs, size_t njobs) {
     pf_sync_lock(&c->sync);
     /* A helper that woke too late for the last task may still hold its
      * snapshot; it must drop it before next_share is reset under it. */
-    while (c->helpers_busy > 0) pf_sync_wait(&c->sync, 100 * 1000 * 1000);
+    while (c->helpers_busy > 0) (void)pf_sync_wait(&c->sync, WAKE_CHECK_NS); /* re-checks */
     c->jobs = jobs;
     c->njobs = njobs;
     c->total = total;
@@ -133,6 +137,7 @@ void pf_copy_run(pf_copier *c, const pf_copy_job *jobs, size_t njobs) {
 
     pf_sync_lock(&c->sync);
     c->shares_done += done;
-    while (c->shares_done < nshares || c->helpers_busy > 0) pf_sync_wait(&c->sync, 100 * 1000 * 1000);
+    while (c->shares_done < nshares || c->helpers_busy > 0) (void)pf_sync_wait(&c->sync, WAKE_CHECK_NS);
+    PF_ASSERT(c->shares_done == nshares);
     pf_sync_unlock(&c->sync);
 }

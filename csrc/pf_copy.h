@@ -9,12 +9,12 @@
 #ifndef PF_COPY_H
 #define PF_COPY_H
 
+#include "pf_sync.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "pf_sync.h"
 
 typedef struct pf_copy_job {
     void *dst;
@@ -27,7 +27,6 @@ typedef struct pf_copier {
     pthread_t *helpers;
     int nhelpers;       /* threads started */
     int stopping;
-    unsigned epoch;     /* pf_fork_epoch() at creation */
     /* The task in progress; written under sync.mu by pf_copy_run. */
     uint64_t generation; /* bumped per task: helpers wake on a change */
     const pf_copy_job *jobs;

@@ -1,5 +1,4 @@
 /* pf_pool.c: bodies for pf_pool.h. */
-#define _POSIX_C_SOURCE 200809L /* posix_memalign, condattr_setclock, nanosleep */
 #include "pf_pool.h"
 
 #include <stdlib.h>
@@ -7,6 +6,12 @@
 
 /* The header sits in the first cache line; data starts on the next one. */
 #define HEADER_BYTES PF_CACHELINE
+_Static_assert(sizeof(pf_block) <= HEADER_BYTES && HEADER_BYTES % PF_CACHELINE == 0,
+               "a block's header fits the cache line before its data");
+/* The largest class: 2^e < PF_POOL_MAX_BYTES <= 2^(e+1) with e = bits - 2, sub 4. */
+_Static_assert((sizeof(size_t) * 8 - 2 - 6) * 4 + 4 < PF_POOL_NCLASSES, "a class for every size");
+/* The largest class capacity, 2^(bits-1), plus the header fits a size_t. */
+_Static_assert(PF_POOL_MAX_BYTES + 1 <= SIZE_MAX - HEADER_BYTES, "header + capacity cannot overflow");
 
 /* Process-wide leak counters; relaxed: only read when the threads are quiet. */
 static atomic_uint_fast64_t live_pools, live_blocks;
@@ -17,8 +22,13 @@ void pf_pool_live(uint64_t *pools, uint64_t *blocks) {
 }
 
 /* Size classes: class 0 is 64 bytes; above that each power-of-two range
- * (2^e, 2^(e+1)] is cut into 4 equal steps. */
+ * (2^e, 2^(e+1)] is cut into 4 equal steps. PF_POOL_NCLASSES (capacity 0)
+ * for a size above PF_POOL_MAX_BYTES, whose class capacity would overflow. */
 static unsigned size_class(size_t n, size_t *capacity) {
+    if (n > PF_POOL_MAX_BYTES) {
+        *capacity = 0;
+        return PF_POOL_NCLASSES;
+    }
     if (n <= PF_CACHELINE) {
         *capacity = PF_CACHELINE;
         return 0;
@@ -27,7 +37,9 @@ static unsigned size_class(size_t n, size_t *capacity) {
     size_t base = (size_t)1 << e, step = base / 4;
     size_t sub = (n - base + step - 1) / step; /* 1..4 */
     *capacity = base + sub * step;
-    return (e - 6) * 4 + (unsigned)sub;
+    unsigned cls = (e - 6) * 4 + (unsigned)sub;
+    PF_ASSERT(cls < PF_POOL_NCLASSES && *capacity >= n);
+    return cls;
 }
 
 size_t pf_pool_class_capacity(size_t nbytes) {
@@ -57,7 +69,9 @@ static void block_free(pf_block *b) {
 
 static void pool_unref(pf_pool *p) {
     /* acq_rel: every put's writes happen before the last one frees the pool. */
-    if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1) {
+    size_t refs = atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel);
+    PF_ASSERT(refs > 0);
+    if (refs == 1) {
         pf_sync_fini(&p->sync);
         free(p);
         atomic_fetch_sub_explicit(&live_pools, 1, memory_order_relaxed);
@@ -81,6 +95,7 @@ pf_block *pf_pool_get(pf_pool *p, size_t nbytes) {
     }
     pf_block *b = p->free[cls];
     if (b) {
+        PF_ASSERT(b->pool == p && b->size_class == cls && p->free_bytes >= b->capacity);
         p->free[cls] = b->next;
         p->free_bytes -= b->capacity;
         p->stats.blocks_reused++;
@@ -90,8 +105,7 @@ pf_block *pf_pool_get(pf_pool *p, size_t nbytes) {
     if (!b) {
         /* Allocate outside the lock: a large malloc may fault in pages. */
         void *mem = NULL;
-        if (cap > SIZE_MAX - HEADER_BYTES || posix_memalign(&mem, PF_CACHELINE, HEADER_BYTES + cap) != 0)
-            return NULL;
+        if (posix_memalign(&mem, PF_CACHELINE, HEADER_BYTES + cap) != 0) return NULL;
         atomic_fetch_add_explicit(&live_blocks, 1, memory_order_relaxed);
         b = mem;
         b->pool = p;
@@ -118,6 +132,7 @@ void pf_pool_put(pf_block *b) {
     }
     int keep;
     pf_sync_lock(&p->sync);
+    PF_ASSERT(p->stats.blocks_out > 0 && b->size_class < PF_POOL_NCLASSES); /* no double put */
     p->stats.blocks_out--;
     keep = !p->closed && p->free_bytes + b->capacity <= p->keep_bytes;
     if (keep) {
@@ -135,6 +150,7 @@ void pf_pool_put(pf_block *b) {
 void pf_pool_close(pf_pool *p) {
     pf_block *lists[PF_POOL_NCLASSES];
     pf_sync_lock(&p->sync);
+    PF_ASSERT(!p->closed); /* call once */
     p->closed = 1;
     memcpy(lists, p->free, sizeof lists);
     memset(p->free, 0, sizeof p->free);

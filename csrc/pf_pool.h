@@ -11,12 +11,15 @@
 #ifndef PF_POOL_H
 #define PF_POOL_H
 
+#include "pf_sync.h"
+
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pf_sync.h"
-
+/* Size classes for every request up to PF_POOL_MAX_BYTES (the last class's
+ * capacity must still fit a size_t); pf_pool_get refuses larger ones. */
+#define PF_POOL_MAX_BYTES (SIZE_MAX / 2)
 #define PF_POOL_NCLASSES 256
 
 typedef struct pf_block {
@@ -50,7 +53,8 @@ typedef struct pf_pool {
 pf_pool *pf_pool_new(size_t keep_bytes);
 // Raises or lowers the free-list cap (any thread).
 void pf_pool_set_keep(pf_pool *p, size_t keep_bytes);
-// Returns a block with capacity >= nbytes, or NULL when out of memory or closed.
+// Returns a block with capacity >= nbytes, or NULL when out of memory, closed,
+// or nbytes > PF_POOL_MAX_BYTES.
 pf_block *pf_pool_get(pf_pool *p, size_t nbytes);
 // Gives a block back; frees it instead if the pool is closed or full, or if
 // called in a forked child (the parent's lock may be held there).
@@ -62,7 +66,8 @@ void pf_pool_close(pf_pool *p);
 pf_pool_stats pf_pool_get_stats(pf_pool *p);
 // Process-wide: pools not yet freed, blocks not yet freed (leak checks in tests).
 void pf_pool_live(uint64_t *pools, uint64_t *blocks);
-// The capacity pf_pool_get(nbytes) hands out (exposed for tests).
+// The capacity pf_pool_get(nbytes) hands out, 0 when nbytes > PF_POOL_MAX_BYTES
+// (exposed for tests).
 size_t pf_pool_class_capacity(size_t nbytes);
 
 #endif

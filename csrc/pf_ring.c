@@ -14,7 +14,6 @@
  * the GIL's condvar and paying an OS wakeup (tens of microseconds on a VM)
  * at every hand-over; with tiny batches those wakeups are the whole cost.
  */
-#define _POSIX_C_SOURCE 200809L /* posix_memalign, condattr_setclock, nanosleep */
 #include "pf_ring.h"
 
 #include <stdlib.h>
@@ -40,7 +39,12 @@ int pf_ring_init(pf_ring *r, uint64_t capacity, uint64_t max_bytes, int64_t spin
     atomic_init(&r->sleepers, 0);
     atomic_init(&r->parked[PF_PRODUCER], 0);
     atomic_init(&r->parked[PF_CONSUMER], 0);
-    /* Spinning only helps when the other side runs on another CPU meanwhile. */
+#if defined(PF_DEBUG) && PF_DEBUG
+    atomic_init(&r->holder[PF_PRODUCER], 0);
+    atomic_init(&r->holder[PF_CONSUMER], 0);
+#endif
+    /* Spinning only helps when the other side runs on another CPU meanwhile
+     * (sysconf's -1, "unknown", counts as one CPU). */
     if (spin_ns < 0) spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? PF_RING_SPIN_NS : 0;
     r->spin_ns = spin_ns;
     r->spin_budget[PF_PRODUCER] = r->spin_budget[PF_CONSUMER] = spin_ns / 4;
@@ -83,6 +87,29 @@ static int is_closed(pf_ring *r) {
     return atomic_load_explicit(&r->closed, memory_order_acquire);
 }
 
+/* Debug build: checks the "one thread per side" rule. A side's slot is held
+ * from a successful reserve/acquire to its publish/release, by one thread;
+ * taking it again from that thread returns the same slot and is fine. */
+#if defined(PF_DEBUG) && PF_DEBUG
+static _Thread_local char thread_tag; /* its address names the calling thread */
+
+static void note_take(pf_ring *r, int side) {
+    uintptr_t me = (uintptr_t)&thread_tag;
+    uintptr_t was = atomic_exchange_explicit(&r->holder[side], me, memory_order_relaxed);
+    assert((was == 0 || was == me) && "two threads on one side of the ring at once");
+    (void)was;
+}
+
+static void note_give(pf_ring *r, int side) {
+    uintptr_t was = atomic_exchange_explicit(&r->holder[side], 0, memory_order_relaxed);
+    assert(was == (uintptr_t)&thread_tag && "publish/release without reserve/acquire by this thread");
+    (void)was;
+}
+#else
+#define note_take(r, side) ((void)0)
+#define note_give(r, side) ((void)0)
+#endif
+
 /* Wake sleepers after an index store; see the file comment for the fence. */
 static void wake(pf_ring *r) {
     atomic_thread_fence(memory_order_seq_cst);
@@ -93,13 +120,17 @@ static void wake(pf_ring *r) {
     }
 }
 
-int pf_ring_try_reserve(pf_ring *r, uint64_t nbytes, uint64_t *slot) {
+/* The no-wait paths: PF_OK with *slot, PF_EAGAIN or PF_ECLOSED. In steady
+ * state they read closed and the own index, and the other side's index only
+ * when the cached copy says "not ready". */
+static int try_reserve(pf_ring *r, uint64_t nbytes, uint64_t *slot) {
     if (is_closed(r)) return PF_ECLOSED;
     uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    PF_ASSERT(head - r->tail_cache <= r->capacity);
     if (head - r->tail_cache >= r->capacity) {
         /* Acquire: the consumer's reads of the slot happen before we reuse it. */
         r->tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
-        if (head - r->tail_cache >= r->capacity) return PF_ETIMEDOUT;
+        if (head - r->tail_cache >= r->capacity) return PF_EAGAIN;
     }
     if (r->max_bytes && head != r->tail_cache) {
         uint64_t buffered = atomic_load_explicit(&r->bytes, memory_order_relaxed);
@@ -107,84 +138,24 @@ int pf_ring_try_reserve(pf_ring *r, uint64_t nbytes, uint64_t *slot) {
             /* The bytes may have been released since tail_cache was read. */
             r->tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
             buffered = atomic_load_explicit(&r->bytes, memory_order_relaxed);
-            if (head != r->tail_cache && buffered + nbytes > r->max_bytes) return PF_ETIMEDOUT;
+            if (head != r->tail_cache && buffered + nbytes > r->max_bytes) return PF_EAGAIN;
         }
     }
     *slot = head % r->capacity;
     return PF_OK;
 }
 
-void pf_ring_publish(pf_ring *r, uint64_t nbytes) {
-    uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-    r->slot_bytes[head % r->capacity] = nbytes;
-    atomic_fetch_add_explicit(&r->bytes, nbytes, memory_order_relaxed);
-    /* Release: the slot's contents (and slot_bytes) are visible before head. */
-    atomic_store_explicit(&r->head, head + 1, memory_order_release);
-    wake(r);
-}
-
-int pf_ring_try_acquire(pf_ring *r, uint64_t *slot) {
+static int try_acquire(pf_ring *r, uint64_t *slot) {
     if (is_closed(r)) return PF_ECLOSED;
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
     if (tail == r->head_cache) {
         /* Acquire: pairs with the release in publish, so the slot is filled. */
         r->head_cache = atomic_load_explicit(&r->head, memory_order_acquire);
-        if (tail == r->head_cache) return PF_ETIMEDOUT;
+        if (tail == r->head_cache) return PF_EAGAIN;
     }
+    PF_ASSERT(r->head_cache - tail <= r->capacity);
     *slot = tail % r->capacity;
     return PF_OK;
-}
-
-void pf_ring_release(pf_ring *r) {
-    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&r->bytes, r->slot_bytes[tail % r->capacity], memory_order_relaxed);
-    /* Release: we are done reading the slot before the producer may refill it. */
-    atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
-    wake(r);
-}
-
-/* Spins (see the file comment), then sleeps until ready(r), close or
- * timeout. ready() re-reads the shared index with seq_cst ordering after
- * sleepers++ (the Dekker pair). */
-static int wait_until(pf_ring *r, int side, int (*ready)(pf_ring *, uint64_t), uint64_t arg,
-                      int64_t timeout_ns) {
-    int64_t start = pf_now_ns(), deadline = start + timeout_ns;
-    int rc = PF_OK;
-    atomic_store_explicit(&r->parked[side], 1, memory_order_seq_cst);
-    if (r->spin_ns > 0) {
-        /* Adaptive, as glibc's adaptive mutexes: a spin that succeeds lets the
-         * next one last up to twice as long (capped by spin_ns); one that
-         * fails halves the budget, so slow batches soon cost no spinning. */
-        int64_t *budget = &r->spin_budget[side];
-        int64_t spin_end = start + (*budget < timeout_ns ? *budget : timeout_ns);
-        for (unsigned i = 1;; i++) {
-            if (is_closed(r)) break;
-            if (ready(r, arg) && atomic_load_explicit(&r->parked[!side], memory_order_relaxed)) {
-                int64_t took = 2 * (pf_now_ns() - start);
-                if (took > *budget) *budget = took < r->spin_ns ? took : r->spin_ns;
-                goto out;
-            }
-            if (i % 64 == 0 && pf_now_ns() >= spin_end) break;
-            cpu_relax();
-        }
-        if (*budget > r->spin_ns / 64) *budget /= 2;
-        if (ready(r, arg)) goto out; /* ready, the other side busy: take the GIL as usual */
-    }
-    pf_sync_lock(&r->sync);
-    atomic_fetch_add_explicit(&r->sleepers, 1, memory_order_seq_cst);
-    while (!is_closed(r) && !ready(r, arg)) {
-        int64_t left = deadline - pf_now_ns();
-        if (left <= 0) {
-            rc = PF_ETIMEDOUT;
-            break;
-        }
-        pf_sync_wait(&r->sync, left);
-    }
-    atomic_fetch_sub_explicit(&r->sleepers, 1, memory_order_relaxed);
-    pf_sync_unlock(&r->sync);
-out:
-    atomic_store_explicit(&r->parked[side], 0, memory_order_relaxed);
-    return is_closed(r) ? PF_ECLOSED : rc;
 }
 
 static int can_reserve(pf_ring *r, uint64_t nbytes) {
@@ -201,12 +172,106 @@ static int can_acquire(pf_ring *r, uint64_t unused) {
            atomic_load_explicit(&r->tail, memory_order_relaxed);
 }
 
-int pf_ring_wait_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns) {
-    return wait_until(r, PF_PRODUCER, can_reserve, nbytes, timeout_ns);
+
+static int ready(pf_ring *r, int side, uint64_t nbytes) {
+    return side == PF_PRODUCER ? can_reserve(r, nbytes) : can_acquire(r, nbytes);
 }
 
-int pf_ring_wait_acquire(pf_ring *r, int64_t timeout_ns) {
-    return wait_until(r, PF_CONSUMER, can_acquire, 0, timeout_ns);
+/* Spins (see the file comment), then sleeps until ready(), close or
+ * timeout. ready() re-reads the shared index with seq_cst ordering after
+ * sleepers++ (the Dekker pair). Returns PF_OK, PF_ETIMEDOUT or PF_ECLOSED. */
+static int wait_until(pf_ring *r, int side, uint64_t nbytes, int64_t timeout_ns) {
+    int64_t start = pf_now_ns();
+    int64_t deadline = timeout_ns > INT64_MAX - start ? INT64_MAX : start + timeout_ns;
+    int rc = PF_OK;
+    atomic_store_explicit(&r->parked[side], 1, memory_order_seq_cst);
+    if (r->spin_ns > 0) {
+        /* Adaptive, as glibc's adaptive mutexes: a spin that succeeds lets the
+         * next one last up to twice as long (capped by spin_ns); one that
+         * fails halves the budget, so slow batches soon cost no spinning. */
+        int64_t *budget = &r->spin_budget[side];
+        int64_t spin_end = start + (*budget < timeout_ns ? *budget : timeout_ns);
+        for (unsigned i = 1;; i++) {
+            if (is_closed(r)) break;
+            if (ready(r, side, nbytes) && atomic_load_explicit(&r->parked[!side], memory_order_relaxed)) {
+                int64_t took = 2 * (pf_now_ns() - start);
+                if (took > *budget) *budget = took < r->spin_ns ? took : r->spin_ns;
+                goto out;
+            }
+            if (i % 64 == 0 && pf_now_ns() >= spin_end) break;
+            cpu_relax();
+        }
+        if (*budget > r->spin_ns / 64) *budget /= 2;
+        if (ready(r, side, nbytes)) goto out; /* ready, the other side busy: take the GIL as usual */
+    }
+    pf_sync_lock(&r->sync);
+    atomic_fetch_add_explicit(&r->sleepers, 1, memory_order_seq_cst);
+    while (!is_closed(r) && !ready(r, side, nbytes)) {
+        int64_t left = deadline - pf_now_ns();
+        if (left <= 0 || pf_sync_wait(&r->sync, left) == PF_ETIMEDOUT) {
+            /* One last look: the condition may have come with the deadline. */
+            if (!is_closed(r) && !ready(r, side, nbytes)) rc = PF_ETIMEDOUT;
+            break;
+        }
+    }
+    atomic_fetch_sub_explicit(&r->sleepers, 1, memory_order_relaxed);
+    pf_sync_unlock(&r->sync);
+out:
+    atomic_store_explicit(&r->parked[side], 0, memory_order_relaxed);
+    return is_closed(r) ? PF_ECLOSED : rc;
+}
+
+
+/* reserve and acquire: the no-wait try, then (timeout_ns > 0) the wait. Once
+ * a wait sees its condition it holds until this side acts (the other side
+ * only adds room or batches), so the second try succeeds unless the ring
+ * closed in between. */
+static int get_slot(pf_ring *r, int side, uint64_t nbytes, int64_t timeout_ns, uint64_t *slot) {
+    if (timeout_ns < 0) return PF_EINVAL;
+    int rc = side == PF_PRODUCER ? try_reserve(r, nbytes, slot) : try_acquire(r, slot);
+    if (rc == PF_EAGAIN && timeout_ns > 0) {
+        rc = wait_until(r, side, nbytes, timeout_ns);
+        if (rc == PF_OK) {
+            rc = side == PF_PRODUCER ? try_reserve(r, nbytes, slot) : try_acquire(r, slot);
+            PF_ASSERT(rc != PF_EAGAIN);
+        }
+    }
+    if (rc == PF_OK) note_take(r, side);
+    return rc;
+}
+
+int pf_ring_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns, uint64_t *slot) {
+    return get_slot(r, PF_PRODUCER, nbytes, timeout_ns, slot);
+}
+
+int pf_ring_acquire(pf_ring *r, int64_t timeout_ns, uint64_t *slot) {
+    return get_slot(r, PF_CONSUMER, 0, timeout_ns, slot);
+}
+
+void pf_ring_publish(pf_ring *r, uint64_t nbytes) {
+    note_give(r, PF_PRODUCER);
+    uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    PF_ASSERT(head - atomic_load_explicit(&r->tail, memory_order_acquire) < r->capacity);
+    r->slot_bytes[head % r->capacity] = nbytes;
+    uint64_t before = atomic_fetch_add_explicit(&r->bytes, nbytes, memory_order_relaxed);
+    PF_ASSERT(before + nbytes >= before);
+    (void)before;
+    /* Release: the slot's contents (and slot_bytes) are visible before head. */
+    atomic_store_explicit(&r->head, head + 1, memory_order_release);
+    wake(r);
+}
+
+void pf_ring_release(pf_ring *r) {
+    note_give(r, PF_CONSUMER);
+    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    PF_ASSERT(atomic_load_explicit(&r->head, memory_order_acquire) != tail);
+    uint64_t n = r->slot_bytes[tail % r->capacity];
+    uint64_t before = atomic_fetch_sub_explicit(&r->bytes, n, memory_order_relaxed);
+    PF_ASSERT(before >= n);
+    (void)before;
+    /* Release: we are done reading the slot before the producer may refill it. */
+    atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
+    wake(r);
 }
 
 uint64_t pf_ring_fill(pf_ring *r) {

@@ -41,6 +41,7 @@ cdef class CopyPlan:
     def __cinit__(self):
         self._jobs = NULL
         self._strided = []
+        self._sources = []
         self.closers = set()
 
     def __dealloc__(self):
@@ -50,9 +51,11 @@ cdef class CopyPlan:
         raise TypeError("CopyPlan objects are made by the prefetcher, not by users")
 
     cdef void _reset(self):
+        self.batches += 1
         self._njobs = 0
         self.nbytes = 0
         self._strided = []
+        self._sources = []
         if self.device is not None:
             self._deliver_idx = []
 
@@ -101,6 +104,9 @@ cdef class CopyPlan:
         if cnp.PyArray_IS_C_CONTIGUOUS(a):
             if nbytes:
                 self._add_job(blk.data, cnp.PyArray_DATA(a), nbytes)
+                # An adapter may pass a temporary view: keep it (and what it
+                # keeps alive) until the memcpy has read it.
+                self._sources.append(a)
         else:
             self._strided.append((out, a))
         self.nbytes += nbytes
@@ -130,3 +136,19 @@ cdef class CopyPlan:
             # numpy releases the GIL itself for large strided copies.
             cnp.PyArray_CopyInto(<cnp.ndarray>out, <cnp.ndarray>src)
         self._strided = []
+        self._sources = []
+
+
+cdef pf_block *take_block(CopyPlan plan, size_t nbytes) except NULL:
+    cdef pf_block *blk
+    if plan._pool == NULL:
+        raise _Closing()
+    blk = pf_pool_get(plan._pool, nbytes)
+    if blk == NULL:
+        raise MemoryError(f"prefetch: cannot allocate {nbytes} bytes for an array")
+    plan.nbytes += nbytes
+    return blk
+
+
+cdef void put_block(pf_block *blk) noexcept nogil:
+    pf_pool_put(blk)

@@ -79,10 +79,13 @@ cdef class CopyPlan:
     cdef size_t _njobs
     cdef size_t _jobs_cap
     cdef list _strided             # (out, src) pairs copied by numpy
+    cdef list _sources             # arrays the queued memcpys read: alive until _run
     cdef uint64_t nbytes           # bytes of the batch being planned
     cdef readonly object device    # the Delivery, or None
     cdef set closers               # close hooks of the leaf adapters used (run once at close)
     cdef list _deliver_idx         # leaves to hand to device.deliver (only with a device)
+    cdef readonly uint64_t batches # batches planned so far: adapters tell batches apart
+    cdef object __weakref__        # adapters may keep per-prefetcher state keyed by the plan
 
     cdef void _reset(self)
     cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)
@@ -137,3 +140,13 @@ cdef class _Iterator:
     # Base of the Python Prefetcher; holds what __next__ needs.
     cdef public _Core _core        # None until Prefetcher.__init__ completes
     cdef public object _timeout    # seconds or None, passed to take()
+
+
+
+# For compiled adapters (cimport prefetch._core; Cython shares these through
+# the module's C API capsule, so the adapter links against nothing): a block of
+# the plan's pool for this batch, counted in its bytes, that the adapter fills
+# itself (e.g. a framework's engine copies into it); and the call that gives it back,
+# from any thread, with or without the GIL.
+cdef pf_block *take_block(CopyPlan plan, size_t nbytes) except NULL
+cdef void put_block(pf_block *blk) noexcept nogil

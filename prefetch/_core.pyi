@@ -13,6 +13,7 @@ def _walk(tree: Any, times: int = ...) -> Any: ...
 
 class CopyPlan:
     device: Any
+    batches: int
     def array(self, a: Any) -> Any: ...
 
 class _Core:

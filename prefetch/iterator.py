@@ -65,11 +65,13 @@ def _collected(core: _Core, created_at: tuple[str, int]) -> None:
     (joins the thread, frees the pool) and, if it was still running, warn
     where it was created, as an unclosed file does."""
     running = core.state == "running"
+    message = f"unclosed prefetcher {core.name!r}: call close() or use 'with Prefetcher(...)'"
     core.close()
+    # Under -W error the warning is an exception whose traceback holds this
+    # frame: it must not keep the core alive.
+    del core
     if running and not _exiting:
-        warnings.warn_explicit(
-            f"unclosed prefetcher {core.name!r}: call close() or use 'with Prefetcher(...)'",
-            ResourceWarning, created_at[0], created_at[1])
+        warnings.warn_explicit(message, ResourceWarning, created_at[0], created_at[1])
 
 
 class Prefetcher(_Iterator, Generic[T]):

@@ -73,3 +73,10 @@ def run_python(code, timeout=60, env=None):
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def python_output(code, timeout=50):
+    """stdout of `code` run in a fresh interpreter (which must succeed)."""
+    r = run_python(code, timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return r.stdout

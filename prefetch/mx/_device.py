@@ -4,12 +4,15 @@ engine synchronised once, at close.
 
 Threading contract: ``deliver`` and ``ready`` run on the fetch thread with the
 GIL held, after the batch's host copies are complete; ``close`` in close().
+NDArray leaves were already copied to the context by their leaf hook
+(prefetch.mx._ndarray reads ``plan.device.ctx``).
 """
 import numpy as np
 
 from prefetch.adapters import register_device
+from prefetch.mx import _engine
 from prefetch.mx._mxnet import mx
-from prefetch.mx._ndarray import _DL_DTYPES, _wrap_block, engine_sync
+from prefetch.mx._ndarray import engine_sync
 
 # numpy dtypes an NDArray can hold (device= delivers these leaves as NDArrays;
 # object, string, complex and structured arrays stay numpy).
@@ -34,28 +37,24 @@ class ContextDelivery:
 
     def __init__(self, device):
         self.ctx = as_context(device)
-        self.on_cpu0 = self.ctx == mx.cpu(0)
-        self.moved = []   # this batch's engine copies, waited for in ready()
 
     def deliver(self, leaf):
         if type(leaf) is np.ndarray and leaf.dtype in _MX_DTYPES:
-            # A fresh pool-backed copy: wrap its block without a copy when
-            # DLPack can carry it, then move it like any host NDArray.
-            if leaf.dtype in _DL_DTYPES and leaf.size:
-                leaf = _wrap_block(leaf)
-            else:
-                leaf = mx.nd.array(leaf, ctx=mx.cpu(0), dtype=leaf.dtype)
-            if self.on_cpu0:
-                return leaf
+            # A fresh pool-backed copy: an NDArray over its block on cpu(0),
+            # else one engine copy to the context (DLPack wraps it in C).
+            out = _engine.wrap_numpy(leaf, self.ctx)
+            if out is None:  # empty, 0-d, or a dtype DLPack cannot carry
+                out = mx.nd.array(leaf, ctx=self.ctx, dtype=leaf.dtype)
+            return out
         if isinstance(leaf, mx.nd.NDArray) and leaf.context != self.ctx:
-            leaf = leaf.copyto(self.ctx)
-            self.moved.append(leaf)
+            out = _engine.copy_leaf(leaf, None, self.ctx)  # e.g. a container's own copy
+            return leaf.copyto(self.ctx) if out is None else out
         return leaf
 
     def ready(self):
-        moved, self.moved = self.moved, []
-        for nd in moved:
-            nd.wait_to_read()  # ctypes call: the GIL is released while it waits
+        # Nothing to wait for: the engine orders every use of the batch after
+        # its copies (SPEC §3), and close() synchronises it once (SPEC §5).
+        pass
 
     def close(self):
         # The same hook as the NDArray leaves': a prefetcher runs it once.

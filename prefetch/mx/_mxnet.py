@@ -3,7 +3,7 @@ what to install, instead of the deep traceback a broken MXNet gives."""
 import sys
 import warnings
 
-_INSTALL = ("pip install 'prefetch-ring[mxnet]' (from a checkout: pip install '.[mxnet]'); "
+_INSTALL = ("in a checkout of prefetch: pip install '.[mxnet]'; "
             "mxnet==1.9.1 needs numpy<1.24 and Python <= 3.11")
 
 if sys.version_info >= (3, 12):

@@ -172,3 +172,22 @@ def test_core_names_no_framework():
         text = path.read_text()
         for word in ("mxnet", "MXNet", "mx.", "torch", "PyTorch"):
             assert word not in text, f"{path.name} names {word!r}"
+
+
+def test_plan_array_keeps_a_temporary_source_alive_until_the_copy(registered):
+    """§3: an adapter may hand plan.array() a temporary (a view made on the
+    spot); the bytes copied are still the source's, not freed memory's."""
+    class Boxed:
+        def __init__(self, value):
+            self.value = value
+
+    def copy_boxed(b, plan):
+        return plan.array(np.full(1 << 16, b.value, np.int64))   # dies after this line
+
+    prefetch.register_leaf(Boxed, copy_boxed)
+    try:
+        with Prefetcher((Boxed(i) for i in range(20)), depth=4) as p:
+            got = [int(a[0]) == int(a[-1]) == i for i, a in enumerate(p)]
+        assert all(got)
+    finally:
+        prefetch.register_leaf(Boxed, lambda b, plan: b)

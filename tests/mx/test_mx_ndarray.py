@@ -4,7 +4,6 @@ import ctypes
 import gc
 import os
 import warnings
-import weakref
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from mxnet.base import _LIB, check_call  # noqa: E402
 
 import prefetch  # noqa: E402
 import prefetch.mx as pmx  # noqa: E402
+from prefetch._core import _live_counts  # noqa: E402
 
 
 def address(nd):
@@ -54,6 +54,52 @@ def test_refilled_ndarray_source_yields_distinct_batches():
     with prefetch.Prefetcher(refill(8), depth=3) as p:
         got = list(p)
     assert [b.asnumpy()[0, 0] for b in got] == list(range(8))
+
+
+def test_engine_orders_copy_before_a_later_write_to_the_source():
+    """§3 rule 1: the copy is an engine op issued without waiting; a write to
+    the source issued right after (the source's next in-place refill) is
+    ordered after it, and the batch already handed out keeps the old values."""
+    buf = mx.nd.zeros((256, 256))
+
+    def source():
+        for k in range(6):
+            buf[:] = k
+            yield buf
+            buf[:] = -1  # reaches the engine before the consumer reads the copy
+
+    with prefetch.Prefetcher(source(), depth=4) as p:
+        got = list(p)
+    assert [(g.asnumpy().min(), g.asnumpy().max()) for g in got] == [(k, k) for k in range(6)]
+
+
+def test_ndarray_leaves_reuse_pool_blocks_and_count_for_max_bytes():
+    """§5: NDArray copies land in the prefetcher's pool: steady state reuses
+    blocks, and max_bytes counts them (one 1 MiB batch at a time)."""
+    with prefetch.Prefetcher(refill(30, shape=(512, 512)), depth=4, max_bytes=1 << 20) as p:
+        for k, b in enumerate(p):
+            assert b[0, 0].asscalar() == k  # uses the batch: its copy has run
+            del b
+        st = p.stats()
+    assert st.peak_fill == 1
+    assert st.bytes_copied == 30 * (1 << 20)
+    assert st.blocks_reused >= 20 and st.blocks_allocated <= 6
+
+
+def test_device_numpy_leaf_keeps_its_block_until_mxnet_frees_it():
+    """§3 rule 2 / §5: a numpy leaf delivered on cpu(0) is an NDArray over its
+    pool block (DLPack); the block stays the NDArray's after the prefetcher
+    closed and goes back when MXNet frees it."""
+    blocks = _live_counts()["blocks"]
+    arr = np.arange(12.0).reshape(3, 4)
+    with prefetch.Prefetcher([arr] * 3, depth=2, device=mx.cpu(0)) as p:
+        got = list(p)
+    assert _live_counts()["blocks"] - blocks == 3
+    assert all(type(g) is mx.nd.NDArray and (g.asnumpy() == arr).all() for g in got)
+    del got
+    gc.collect()
+    mx.nd.waitall()
+    assert _live_counts()["blocks"] == blocks
 
 
 def test_large_ndarrays_with_two_workers():
@@ -150,26 +196,19 @@ def test_bad_device_fails_at_construction():
             prefetch.Prefetcher([1], device=mx.gpu(0))
 
 
-def test_ndarrays_queued_at_close_are_released(monkeypatch):
-    """§5: close() drops queued NDArrays and syncs the engine: their blocks are freed."""
-    blocks = []
-    wrap_block = pmx._ndarray._wrap_block
-
-    def recording_wrap_block(block):
-        blocks.append(weakref.ref(block))
-        return wrap_block(block)
-
-    monkeypatch.setattr(pmx._ndarray, "_wrap_block", recording_wrap_block)
+def test_ndarrays_queued_at_close_are_released():
+    """§5: close() drops queued NDArrays and syncs the engine: their pool blocks
+    are freed before it returns; only the one behind the batch kept stays."""
+    blocks = _live_counts()["blocks"]
     x = mx.nd.ones((64, 1024))
     it = pmx.PrefetchingIter(mx.io.NDArrayIter(x, mx.nd.ones(64), 4), depth=4)
     kept = it.next().data[0]
     with it._feed.cond:  # wait until the prefetcher has pulled depth batches ahead
         assert it._feed.cond.wait_for(lambda: it._feed.rounds >= 5, timeout=15)
+    assert _live_counts()["blocks"] - blocks >= 2 * 4  # data + label of 4 queued batches
     it.close()
     gc.collect()
-    alive = [r for r in blocks if r() is not None]
-    assert len(blocks) >= 2
-    assert len(alive) == 1  # only the block behind `kept`
+    assert _live_counts()["blocks"] - blocks == 1  # only the block behind `kept`
     assert (kept.asnumpy() == 1).all()
 
 

@@ -1,32 +1,15 @@
 """MXNet stays optional (SPEC §6, issue 3): runs with or without mxnet installed."""
 
 import importlib.util
-import os
-import pathlib
-import subprocess
-import sys
-import tempfile
 
 import pytest
 
-import prefetch
-
-
-def run_python(code):
-    # The child imports the same prefetch as this process, whatever the cwd holds.
-    root = str(pathlib.Path(prefetch.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    with tempfile.TemporaryDirectory() as cwd:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                              text=True, timeout=50, cwd=cwd, env=env)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+from support import python_output
 
 
 def test_import_prefetch_never_imports_mxnet():
     """§6: `import prefetch` and numpy batches never import mxnet."""
-    out = run_python(
+    out = python_output(
         "import sys, numpy as np, prefetch\n"
         "with prefetch.Prefetcher([np.ones(3), (np.zeros(2), 1)]) as p:\n"
         "    list(p)\n"
@@ -36,14 +19,14 @@ def test_import_prefetch_never_imports_mxnet():
 
 def test_prefetch_mx_without_mxnet_says_what_to_install():
     """§6: without mxnet, importing prefetch.mx raises ImportError naming the extra."""
-    out = run_python(
+    out = python_output(
         "import sys\n"
         "sys.modules['mxnet'] = None  # as if not installed\n"
         "try:\n"
         "    import prefetch.mx\n"
         "except ImportError as exc:\n"
         "    print(exc)\n")
-    assert "pip install 'prefetch-ring[mxnet]'" in out
+    assert "pip install '.[mxnet]'" in out
     assert "mxnet==1.9.1" in out and "numpy<1.24" in out
 
 
@@ -51,7 +34,7 @@ def test_ndarray_leaf_imports_prefetch_mx_on_demand():
     """§3: an NDArray leaf is copied without the user importing prefetch.mx."""
     if importlib.util.find_spec("mxnet") is None:
         pytest.skip("mxnet is not installed")
-    out = run_python(
+    out = python_output(
         "import sys, warnings\n"
         "warnings.simplefilter('ignore', DeprecationWarning)\n"
         "import mxnet as mx, prefetch\n"

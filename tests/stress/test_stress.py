@@ -24,7 +24,9 @@ import pytest
 from prefetch import ClosedError, Prefetcher
 from prefetch._core import _live_counts
 
-pytestmark = pytest.mark.stress
+# Streams here are dropped mid-way on purpose: the unclosed-prefetcher warning
+# is expected (tests/core/test_lifecycle.py checks it).
+pytestmark = [pytest.mark.stress, pytest.mark.filterwarnings("ignore:unclosed prefetcher:ResourceWarning")]
 
 
 class Tag:

@@ -1,0 +1,233 @@
+"""MXNet at engine speed: cost per batch of feeding from an mx.io.NDArrayIter.
+
+Rows, interleaved in every repetition: the plain DataIter loop; the plain loop
+plus one engine copyto() of the data into a reused NDArray (what one copy of
+the batch costs); mx.io.PrefetchingIter (no copy: it hands out the source's
+arrays); prefetch.mx.PrefetchingIter at depth 1 and 4 (a fresh copy of every
+batch). Three batch shapes, and two consumers: one that only waits for
+batch.data[0] (so the rows measure what feeding costs) and one that computes
+one MXNet operator on it. "Extra" is a row's time per batch minus the plain
+loop's in the same repetition. Page faults per batch show whether steady
+state allocates. Runs only when MXNet imports.
+
+A second table feeds a Gluon DataLoader (batch 64 x 3x112x112): directly,
+directly plus one engine copy, through prefetch.Prefetcher(loader), and with
+device=mx.cpu_pinned(0).
+
+Run alone: python bench/bench_mx_engine.py [--quick] [--reps N]
+"""
+from __future__ import annotations
+
+import math
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as bench/run.py: 2 cores, no OpenMP team
+
+import _baselines as B  # noqa: E402
+import _stats as S  # noqa: E402
+import _util as U  # noqa: E402
+
+TITLE = "MXNet feeding cost per batch (NDArrayIter)"
+SHAPES = [(64, 10), (64, 3, 64, 64), (32, 3, 224, 224)]
+PLAIN, COPY, MXPF, OURS1, OURS4 = ("plain DataIter loop", "plain loop + one engine copyto()",
+                                   "mx.io.PrefetchingIter (no copy)",
+                                   "prefetch.mx.PrefetchingIter depth 1",
+                                   "prefetch.mx.PrefetchingIter depth 4")
+ROWS = [PLAIN, COPY, MXPF, OURS1, OURS4]
+CONSUMERS = ("waits", "computes")
+DL_DIRECT, DL_COPY, DL_OURS, DL_PINNED = ("DataLoader, direct", "DataLoader + one engine copyto()",
+                                          "prefetch.Prefetcher(loader)",
+                                          "prefetch.Prefetcher(loader, device=mx.cpu_pinned(0))")
+DL_ROWS = [DL_DIRECT, DL_COPY, DL_OURS, DL_PINNED]
+DL_SHAPE = (64, 3, 112, 112)
+SOURCE_BYTES = 256 << 20  # cap on each shape's source data (sets batches per pass)
+
+
+def add_arguments(g):
+    g.add_argument("--engine-shapes", help="batch shapes, e.g. 64x10,32x3x224x224")
+
+
+def config(a):
+    shapes = SHAPES if not getattr(a, "engine_shapes", None) else [
+        tuple(int(d) for d in s.split("x")) for s in a.engine_shapes.split(",")]
+    return {"shapes": shapes, "reps": a.reps or (9 if a.quick else 15),
+            "target_s": 0.04 if a.quick else 0.15, "skip": a.no_mx,
+            "consumers": ["waits"] if a.quick else list(CONSUMERS)}
+
+
+def _pass(mx, pmx, row, data, batch, nbatches, consumer):
+    """(seconds per batch, page faults per batch) of one pass over the source."""
+    it = mx.io.NDArrayIter(data, batch_size=batch)
+    dst = mx.nd.empty((batch,) + data.shape[1:]) if row == COPY else None
+    if row == MXPF:
+        it = mx.io.PrefetchingIter(it)
+    elif row in (OURS1, OURS4):
+        it = pmx.PrefetchingIter(it, depth=1 if row == OURS1 else 4)
+    mx.nd.waitall()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t0 = time.perf_counter()
+    n = 0
+    for b in it:
+        x = b.data[0]
+        if dst is not None:
+            x.copyto(dst)
+            x = dst
+        if consumer == "computes":
+            x = x * 2
+        x.wait_to_read()
+        n += 1
+    t = time.perf_counter() - t0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    if row == MXPF:
+        it.__del__()  # mx's class keeps its thread (and the batch) otherwise
+    elif row in (OURS1, OURS4):
+        it.close()
+    if n != nbatches:
+        raise RuntimeError(f"{row}: {n} batches, expected {nbatches}")
+    return t / n, faults / n
+
+
+def _loader_pass(mx, row, loader):
+    """Seconds per batch of one epoch of a Gluon DataLoader."""
+    import prefetch
+    dst = mx.nd.empty(DL_SHAPE) if row == DL_COPY else None
+    it = loader
+    if row == DL_OURS:
+        it = prefetch.Prefetcher(loader, depth=4)
+    elif row == DL_PINNED:
+        it = prefetch.Prefetcher(loader, depth=4, device=mx.cpu_pinned(0))
+    mx.nd.waitall()
+    t0 = time.perf_counter()
+    n = 0
+    for x in it:
+        if dst is not None:
+            x.copyto(dst)
+            x = dst
+        x.wait_to_read()
+        n += 1
+    t = time.perf_counter() - t0
+    if it is not loader:
+        it.close()
+    return t / n
+
+
+def _loader_table(mx, cfg, say):
+    gluon = mx.gluon.data
+    nb = 6 if cfg["target_s"] < 0.1 else 12
+    data = mx.nd.random.uniform(shape=(DL_SHAPE[0] * nb,) + DL_SHAPE[1:])
+    loader = gluon.DataLoader(gluon.ArrayDataset(data), batch_size=DL_SHAPE[0])
+    t = {r: [] for r in DL_ROWS}
+    with U.no_gc():
+        for rep in range(cfg["reps"]):
+            say(f"Gluon DataLoader: repetition {rep + 1}/{cfg['reps']}")
+            for r in U.rotate(DL_ROWS, rep):
+                t[r].append(_loader_pass(mx, r, loader) * 1e6)
+    tab = [[r, S.interval(t[r]).text(0), S.interval(S.ratios(t[r], t[DL_COPY])).text(3)] for r in DL_ROWS]
+    lines = [f"  Gluon DataLoader, batch {'x'.join(map(str, DL_SHAPE))}, {nb} batches/epoch, consumer waits"]
+    lines += U.table_lines(["row", "µs per batch", "vs direct + copy"], tab)
+    return lines, t
+
+
+def run(cfg, say):
+    mx, why = B.load_mx() if not cfg["skip"] else (None, "left out (--no-mx)")
+    if mx is None:
+        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}}
+    import prefetch.mx as pmx
+
+    data_out, lines = {}, []
+    for consumer in cfg["consumers"]:
+        for shape in cfg["shapes"]:
+            batch, item_bytes = shape[0], 4 * math.prod(shape[1:])
+            cap = max(8, SOURCE_BYTES // (item_bytes * batch))
+            probe = mx.nd.random.uniform(shape=(batch * 8,) + tuple(shape[1:]))
+            per = _pass(mx, pmx, PLAIN, probe, batch, 8, consumer)[0]
+            nb = int(max(8, min(cap, 3000, cfg["target_s"] / per)))
+            data = mx.nd.random.uniform(shape=(batch * nb,) + tuple(shape[1:]))
+            del probe
+            t = {r: [] for r in ROWS}
+            f = {r: [] for r in ROWS}
+            with U.no_gc():
+                for rep in range(cfg["reps"]):
+                    say(f"{consumer}, batch {shape}: repetition {rep + 1}/{cfg['reps']}")
+                    for r in U.rotate(ROWS, rep):
+                        s, flt = _pass(mx, pmx, r, data, batch, nb, consumer)
+                        t[r].append(s * 1e6)
+                        f[r].append(flt)
+            del data
+            data_out[f"{consumer} {shape}"] = {"batches": nb, "us": t, "faults": f}
+            mx.nd.waitall()
+    for consumer in cfg["consumers"]:
+        lines.append(f"  consumer {consumer}: µs per batch, median [95% interval]; extra over the plain loop")
+        tab = []
+        for shape in cfg["shapes"]:
+            d = data_out[f"{consumer} {shape}"]
+            t = d["us"]
+            for r in ROWS:
+                extra = [a - b for a, b in zip(t[r], t[PLAIN])]
+                tab.append([f"{'x'.join(map(str, shape))} ({d['batches']}/pass) {r}",
+                            S.interval(t[r]).text(1), "" if r == PLAIN else S.interval(extra).text(1),
+                            "" if r == PLAIN else S.interval(S.ratios(t[r], t[COPY])).text(3),
+                            f"{S.interval(d['faults'][r]).median:.1f}"])
+        lines += U.table_lines(["batch, row", "µs per batch", "extra µs", "vs plain + copy", "faults/batch"],
+                               tab)
+    dl_lines, dl = _loader_table(mx, cfg, say)
+    lines += dl_lines
+    data_out["gluon"] = dl
+    return {"tables": lines, "verdicts": _verdicts(cfg, data_out), "data": data_out}
+
+
+def _verdicts(cfg, data_out):
+    out = []
+    small = data_out.get(f"waits {SHAPES[0]}")
+    if small is not None:
+        t = small["us"]
+        over_mx = [a - b for a, b in zip(t[OURS4], t[MXPF])]
+        iv = S.interval(over_mx)
+        out.append(S.Verdict("(64,10) batches: extra cost over the plain loop <= mx.io.PrefetchingIter's",
+                             f"ours - mx's class {iv.text(1)} µs at depth 4",
+                             S.judge(iv, 0.0, higher_is_better=False)))
+        over_copy = [(o - p) - 2 * (c - p) for o, p, c in zip(t[OURS4], t[PLAIN], t[COPY])]
+        iv = S.interval(over_copy)
+        out.append(S.Verdict("(64,10) batches: extra cost <= 2x one engine copy's (aim)",
+                             f"ours' extra - 2x copy's extra {iv.text(1)} µs",
+                             S.judge(iv, 0.0, higher_is_better=False)))
+    big = data_out.get(f"waits {SHAPES[2]}")
+    if big is not None:
+        t = big["us"]
+        iv = S.interval(S.ratios(t[OURS4], t[COPY]))
+        out.append(S.Verdict("19 MB batches: prefetch.mx <= 1.10 x (plain loop + one engine copy)",
+                             f"ratio {iv.text(3)} at depth 4", S.judge(iv, 1.10, higher_is_better=False)))
+    dl = data_out.get("gluon")
+    if dl is not None:
+        iv = S.interval(S.ratios(dl[DL_OURS], dl[DL_COPY]))
+        out.append(S.Verdict("Gluon DataLoader: Prefetcher(loader) <= 1.10 x (direct + one copy)",
+                             f"ratio {iv.text(3)}", S.judge(iv, 1.10, higher_is_better=False)))
+        # "No more than one copy more": direct + two copies, 10 % slack as above.
+        two = [c + (c - d) for c, d in zip(dl[DL_COPY], dl[DL_DIRECT])]
+        iv = S.interval(S.ratios(dl[DL_PINNED], two))
+        out.append(S.Verdict("Gluon DataLoader: device=cpu_pinned <= 1.10 x (direct + two copies)",
+                             f"ratio {iv.text(3)}", S.judge(iv, 1.10, higher_is_better=False)))
+    return out
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--no-mx", action="store_true")
+    add_arguments(ap)
+    r = run(config(ap.parse_args(argv)), lambda text, final=False: print(f"\r{text:80s}", end="",
+                                                                          file=sys.stderr, flush=True))
+    print(file=sys.stderr)
+    print("\n".join(r["tables"]))
+    for v in r["verdicts"]:
+        print(f"  {v.target}: {v.measured} -> {v.status}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""``device=`` a ``torch.device`` (SPEC §2, §5): validated once, in the
+Prefetcher's constructor; every array leaf of a batch delivered there as a
+tensor; device memory returned at close.
+
+numpy leaves whose dtype torch can hold (bool, integers, floats, complex, in
+native byte order) become tensors too, as MXNet contexts make them NDArrays:
+``device=`` asks for torch tensors on that device. Other numpy leaves (object,
+string, structured, big-endian) stay numpy arrays.
+
+CUDA: the core copies each leaf into pageable pool memory; ``deliver`` copies
+that into a pinned staging tensor from torch's caching host allocator (reused,
+so steady state pins nothing new) and starts a non-blocking host-to-device
+copy on the prefetcher's own stream; ``ready`` records one event on that
+stream per batch and waits for it (GIL released), so a batch is handed out
+only when its copies are complete. Pool blocks themselves are not pinned
+(``cudaHostRegister``): the core frees pool blocks on its own (trimming, close)
+without telling the adapter, and freeing registered memory without
+``cudaHostUnregister`` is undefined.
+Each device tensor is allocated on the prefetcher's stream and marked used
+on the stream that was current when the Prefetcher was built (the consumer's,
+normally the default stream), so the caching allocator does not reuse its
+memory before the consumer's work on it is done. A consumer that computes on
+another stream must call ``t.record_stream(its_stream)`` itself.
+
+Threading contract: ``deliver`` and ``ready`` run on the fetch thread with the
+GIL held, after the batch's host copies are complete; ``close`` in close().
+This path has not been run on a GPU here (tests/pytorch/gpu_check.py checks it).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from prefetch.adapters import register_device
+from prefetch.torch._torch import torch
+
+_FROM_NUMPY = frozenset(np.dtype(name) for name in (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128"))
+
+
+def as_tensor(leaf: Any) -> Any:
+    """A numpy leaf as a tensor over the same (fresh, pool-backed) memory, when
+    torch can hold its dtype; any other leaf unchanged."""
+    if type(leaf) is np.ndarray and leaf.dtype in _FROM_NUMPY:
+        return torch.from_numpy(leaf)
+    return leaf
+
+
+class CpuDelivery:
+    """``device=torch.device('cpu')``: leaves stay in host memory, as tensors."""
+
+    def deliver(self, leaf: Any) -> Any:
+        leaf = as_tensor(leaf)
+        if isinstance(leaf, torch.Tensor) and not leaf.is_cpu:
+            leaf = leaf.to("cpu")   # a CUDA leaf of the source: synchronous copy
+        return leaf
+
+    def ready(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CudaDelivery:
+    """``device=torch.device('cuda', i)``: pinned staging, non-blocking copy on
+    a stream of our own, one event per batch."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        # The stream the consumer computes on (the constructor runs on its thread).
+        self.consumer_stream = torch.cuda.current_stream(device)
+        self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self.staged: list[torch.Tensor] = []   # pinned buffers of this batch, until ready()
+        self.moved = False
+
+    def deliver(self, leaf: Any) -> Any:
+        leaf = as_tensor(leaf)
+        if not isinstance(leaf, torch.Tensor) or leaf.device == self.device:
+            return leaf
+        with torch.cuda.stream(self.stream):
+            if leaf.is_cpu:
+                src = leaf.pin_memory()   # keeps strides (channels_last stays one memcpy)
+                self.staged.append(src)
+            else:
+                src = leaf  # another GPU: peer copy, ordered on our stream
+                self.stream.wait_stream(torch.cuda.current_stream(leaf.device))
+            out = src.to(self.device, non_blocking=True)
+        out.record_stream(self.consumer_stream)
+        self.moved = True
+        return out
+
+    def ready(self) -> None:
+        if self.moved:
+            self.event.record(self.stream)
+            self.event.synchronize()   # releases the GIL while it waits
+            self.moved = False
+        self.staged.clear()   # back to torch's pinned cache, copies done
+
+    def close(self) -> None:
+        # The queued batches were dropped: wait for their frees, then hand
+        # the cached blocks nobody holds back to the driver.
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+
+
+def open_device(device: torch.device) -> CpuDelivery | CudaDelivery:
+    """The Delivery for ``device=`` (prefetch.register_device); ValueError naming it."""
+    if device.type == "cpu":
+        return CpuDelivery()
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={device!r}: CUDA is not available (torch {torch.__version__}: "
+                "torch.cuda.is_available() is False); use torch.device('cpu') or None")
+        count = torch.cuda.device_count()
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index >= count:
+            raise ValueError(f"device={device!r}: this torch sees {count} CUDA device(s)")
+        return CudaDelivery(torch.device("cuda", index))
+    raise ValueError(
+        f"device={device!r}: prefetch.torch delivers to 'cpu' and 'cuda' devices only")
+
+
+register_device(torch.device, open_device)

@@ -1,0 +1,10 @@
+"""The one guarded import of PyTorch for the adapter: an ImportError that says
+what to install, instead of whatever a missing or broken torch raises."""
+_INSTALL = "in a checkout of prefetch: pip install '.[torch]' (torch==2.13.0, the CPU wheel)"
+
+try:
+    import torch
+except ImportError as _exc:  # OSError (a broken CUDA library) is torch's own message
+    raise ImportError(f"prefetch.torch needs PyTorch: {_INSTALL}; importing torch failed: {_exc!r}") from _exc
+
+__all__ = ["torch"]
