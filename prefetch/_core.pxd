@@ -7,6 +7,7 @@ from libc.stdint cimport int64_t, uint64_t
 cdef extern from "pf_sync.h" nogil:
     enum:
         PF_OK
+        PF_EAGAIN
         PF_ETIMEDOUT
         PF_ECLOSED
         PF_ENOMEM
@@ -21,11 +22,9 @@ cdef extern from "pf_ring.h" nogil:
         pass
     pf_ring *pf_ring_new(uint64_t capacity, uint64_t max_bytes, int64_t spin_ns, int *rc)
     void pf_ring_delete(pf_ring *r)
-    int pf_ring_try_reserve(pf_ring *r, uint64_t nbytes, uint64_t *slot)
-    int pf_ring_wait_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns)
+    int pf_ring_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns, uint64_t *slot)
     void pf_ring_publish(pf_ring *r, uint64_t nbytes)
-    int pf_ring_try_acquire(pf_ring *r, uint64_t *slot)
-    int pf_ring_wait_acquire(pf_ring *r, int64_t timeout_ns)
+    int pf_ring_acquire(pf_ring *r, int64_t timeout_ns, uint64_t *slot)
     void pf_ring_release(pf_ring *r)
     uint64_t pf_ring_fill(pf_ring *r)
     void pf_ring_close(pf_ring *r)
@@ -103,6 +102,8 @@ cdef class _Core:
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef bint _copier_ok           # _copier threads running (fini by the fetch thread)
     cdef unsigned _epoch           # pf_fork_epoch() at creation
+    cdef bint _acquiring           # a consumer waits in pf_ring_acquire without the GIL
+    cdef object _consumer_lock     # held by the consumer that waits without the GIL
     cdef list _slots               # depth entries: batch, _Failure or _END
     cdef object _source            # the iterator; next() only on the fetch thread
     cdef CopyPlan _plan            # the fetch thread's copy plan, reused per batch

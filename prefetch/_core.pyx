@@ -8,8 +8,9 @@
 # csrc/pf_copy.c) into pool blocks (csrc/pf_pool.c) -> device delivery (an
 # adapter's Delivery) -> ring slot (csrc/pf_ring.c) -> consumer (_Core.take).
 # Threads: one fetch thread calls next(source) and copies; the consumer calls
-# take(); any thread may call close(). Consumers are serialised by the GIL: a
-# slot is only taken while the GIL is held.
+# take(); any thread may call close(). Several consumer threads are
+# serialised: the fast path runs under the GIL, and only the holder of
+# _consumer_lock waits for a slot without it.
 cimport cython
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
@@ -36,6 +37,7 @@ include "_copy.pxi"
 # Blocking waits wake up this often to notice Ctrl-C, close() and timeouts
 # (SPEC §4 asks for KeyboardInterrupt within 0.2 s).
 cdef int64_t WAIT_SLICE_NS = 50 * 1000 * 1000
+cdef double WAIT_SLICE_S = WAIT_SLICE_NS / 1e9
 CLOSE_GRACE_S = 2.0
 
 cdef enum Doing:
@@ -80,6 +82,7 @@ cdef class _Core:
         self._epoch = pf_fork_epoch()   # also installs the at-fork handler
         self._source = source
         self._delivery = delivery
+        self._consumer_lock = threading.Lock()
         self.name = name
         self.depth = depth
         self.workers = workers
@@ -169,16 +172,19 @@ cdef class _Core:
 
     cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1:
         """Wait for a free slot (and room under max_bytes); False once closed."""
-        cdef int rc = pf_ring_try_reserve(self._ring, nbytes, slot)
+        cdef int rc = pf_ring_reserve(self._ring, nbytes, 0, slot)
         cdef int64_t t0
-        if rc == PF_ETIMEDOUT:
+        if rc == PF_EAGAIN:
             t0 = pf_now_ns()
-            while rc == PF_ETIMEDOUT:
+            rc = PF_ETIMEDOUT
+            while rc == PF_ETIMEDOUT:   # the GIL is taken between slices, as before
                 with nogil:
-                    pf_ring_wait_reserve(self._ring, nbytes, WAIT_SLICE_NS)
-                rc = pf_ring_try_reserve(self._ring, nbytes, slot)
+                    rc = pf_ring_reserve(self._ring, nbytes, WAIT_SLICE_NS, slot)
             self._producer_wait_ns += pf_now_ns() - t0
-        return rc == PF_OK
+        if rc == PF_ECLOSED:
+            return False
+        _check_ring(rc, "waiting for room")
+        return True
 
     cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch):
         cdef uint64_t fill
@@ -234,7 +240,9 @@ cdef class _Core:
         self._check_usable()
         if self._ended:
             raise StopIteration
-        if pf_ring_try_acquire(self._ring, &slot) != PF_OK:
+        # Only while no other consumer waits in pf_ring_acquire without the
+        # GIL: one thread per side holds a slot (pf_ring.h).
+        if self._acquiring or pf_ring_acquire(self._ring, 0, &slot) != PF_OK:
             slot = self._wait_batch(timeout)
         item = self._slots[slot]
         self._slots[slot] = None
@@ -264,18 +272,37 @@ cdef class _Core:
             # the one thread that can produce the batch: itself.
             raise RuntimeError(f"next() on prefetcher {self.name!r} called from its own worker "
                                "thread (inside next(source)); it would wait for itself forever")
+        # One consumer at a time waits in pf_ring_acquire without the GIL (it
+        # hands the slot to its caller alone); other threads calling next()
+        # meanwhile queue on this lock, as on a queue.Queue's.
+        lock = self._consumer_lock
+        while not lock.acquire(True, WAIT_SLICE_S):   # releases the GIL while it waits
+            PyErr_CheckSignals()
+            if self.closed:
+                raise ClosedError(f"prefetcher {self.name!r} was closed while waiting")
+            if timeout is not None and pf_now_ns() >= deadline:
+                raise TimeoutError(f"no batch from prefetcher {self.name!r} within {timeout} s; "
+                                   "another thread was waiting for one")
+        self._acquiring = True
         try:
+            if self._ended:
+                raise StopIteration   # another consumer thread took the end meanwhile
             while True:
                 wait_ns = WAIT_SLICE_NS
                 if timeout is not None:
                     wait_ns = min(wait_ns, max(deadline - pf_now_ns(), 0))
                 with nogil:
-                    pf_ring_wait_acquire(self._ring, wait_ns)
-                rc = pf_ring_try_acquire(self._ring, &slot)
+                    rc = pf_ring_acquire(self._ring, wait_ns, &slot)
+                if rc == PF_ECLOSED or self.closed:
+                    # closed: close() may have emptied the slot we were handed
+                    # while we waited for the GIL; it goes with the ring.
+                    raise ClosedError(f"prefetcher {self.name!r} was closed while waiting")
                 if rc == PF_OK:
                     return slot
-                if rc == PF_ECLOSED:
-                    raise ClosedError(f"prefetcher {self.name!r} was closed while waiting")
+                if self._ended:
+                    raise StopIteration   # another consumer thread took the end
+                if rc != PF_ETIMEDOUT and rc != PF_EAGAIN:   # EAGAIN: the deadline had passed
+                    _check_ring(rc, "waiting for a batch")
                 PyErr_CheckSignals()   # raises KeyboardInterrupt; nothing was taken
                 if timeout is not None and pf_now_ns() >= deadline:
                     raise TimeoutError(
@@ -284,11 +311,13 @@ cdef class _Core:
                 if self._thread is None or not self._thread.is_alive():
                     # The worker publishes before it exits; re-check once so
                     # a batch published just before its exit is not missed.
-                    if pf_ring_try_acquire(self._ring, &slot) == PF_OK:
+                    if pf_ring_acquire(self._ring, 0, &slot) == PF_OK:
                         return slot
                     raise RuntimeError(f"the worker of prefetcher {self.name!r} is not running "
                                        "(it died or never started); no batch can come")
         finally:
+            self._acquiring = False
+            lock.release()
             self._consumer_wait_ns += pf_now_ns() - t0
 
     # -- lifecycle ----------------------------------------------------------

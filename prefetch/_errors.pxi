@@ -21,6 +21,12 @@ cdef _check_rc(int rc, what):
     raise OSError(f"prefetch: cannot create {what} (error {rc})")
 
 
+cdef _check_ring(int rc, what):
+    """A ring code other than PF_OK/PF_EAGAIN/PF_ETIMEDOUT/PF_ECLOSED is a bug here."""
+    if rc != PF_OK:
+        raise SystemError(f"prefetch: ring error {rc} while {what} (a bug in prefetch)")
+
+
 def _add_note(exc, note):
     """PEP 678 note: add_note() on 3.11+, the same __notes__ list on 3.10."""
     if hasattr(exc, "add_note"):

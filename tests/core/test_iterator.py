@@ -319,3 +319,36 @@ def test_repr_shows_name_depth_fill_and_state():
     assert "name='train'" in repr(p) and "depth=2" in repr(p) and "state=running" in repr(p)
     p.close()
     assert "state=closed" in repr(p)
+
+
+def test_two_consumer_threads_share_one_prefetcher_each_batch_once():
+    """§2: consumers calling next() from several threads at once are served in
+    turn (as from a queue.Queue): every batch exactly once, none lost or twice."""
+    import threading
+
+    n = 3000
+    got = [[], [], []]
+    errors = []
+
+    def slow_source():
+        for i in range(n):
+            if i % 50 == 0:
+                threading.Event().wait(0.001)   # the ring runs empty: consumers wait without the GIL
+            yield np.full(4, i)
+
+    with Prefetcher(slow_source(), depth=3) as p:
+        def consume(out):
+            try:
+                for batch in p:
+                    out.append(int(batch[0]))
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=consume, args=(out,)) for out in got]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert sorted(sum(got, [])) == list(range(n))
+    assert all(out == sorted(out) for out in got)   # each thread sees the stream in order
