@@ -18,8 +18,10 @@ from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 from libc.stdlib cimport free, realloc
 
 import dataclasses
+import functools
 import threading
 import warnings
+import weakref
 from copy import copy as _shallow_copy
 
 import numpy as np

@@ -6,6 +6,30 @@
 # containers around the new leaves. Registered leaf and container types come
 # from prefetch.adapters; the core itself knows only numpy and the builtins.
 # Fetch thread only (and the registry functions, under the GIL).
+#
+# A container is rebuilt exactly (SPEC §3: same structure and types, nothing
+# shared): a subclass of tuple/list/dict, or a dataclass, is allocated with
+# its builtin base's __new__ (never the class's own __new__/__init__, which
+# may take other arguments or change the values), its items are set with the
+# base's C methods, and its whole instance state (the __dict__ and every set
+# __slots__ entry) is walked as children, so an array held in an attribute is
+# copied like any other. Struct sequences (time.struct_time, os.stat_result,
+# the named results of array libraries) are rebuilt from their pickle form,
+# which includes the fields hidden from the tuple view. Any other subclass of
+# a C tuple type (e.g. a framework's shape type) is passed through as a
+# plain leaf.
+
+from cpython.dict cimport PyDict_Keys, PyDict_SetItem, PyDict_Values
+from cpython.list cimport PyList_GetSlice, PyList_SetSlice
+from cpython.object cimport PyTypeObject
+from cpython.tuple cimport PyTuple_GetSlice
+
+
+cdef extern from "Python.h":
+    object PyObject_GenericGetDict(object o, void *context)
+    int PyObject_GenericSetDict(object o, object value, void *context) except -1
+    unsigned long PyType_GetFlags(PyTypeObject *t)
+    enum: Py_TPFLAGS_HEAPTYPE
 
 cdef enum Kind:
     K_PASS          # a plain leaf: handed out as the same object
@@ -15,23 +39,30 @@ cdef enum Kind:
     K_TUPLE
     K_LIST
     K_DICT
-    K_NAMEDTUPLE
-    K_TUPLE_SUB
-    K_LIST_SUB
-    K_DICT_SUB
-    K_DATACLASS     # handler = the field names
+    K_STATE         # subclass of tuple/list/dict, or a dataclass: handler = _Layout
+    K_STRUCTSEQ     # a struct sequence
     K_CONTAINER     # registered container type: handler = (flatten, unflatten)
+
+cdef enum Base:     # how a K_STATE instance is allocated and its items set
+    B_OBJECT        # object.__new__: a dataclass over a plain object
+    B_TUPLE         # tuple.__new__(t, items)
+    B_LIST          # list.__new__(t) + list.extend
+    B_DICT          # dict.__new__(t) + dict.__setitem__
+    B_COPY          # a C base with its own state (OrderedDict, defaultdict...):
+                    # copy.copy, then the items and the instance state replaced
 
 # Deeper than any real batch, far below what the iterative walk could take;
 # past it the batch is almost surely built by mistake (SPEC §4: an error).
 MAX_DEPTH = 100_000
-# The classification cache is cleared past this many types, so a source that
-# makes a type per batch cannot grow it without bound.
-cdef Py_ssize_t _KINDS_MAX = 4096
 
 cdef dict _leaf_types = {}          # type -> (copy, exclusive, close)
 cdef dict _container_types = {}     # type -> (flatten, unflatten)
-cdef dict _kinds = {}               # type -> (kind, handler); cleared on register
+# id(type) -> (kind, handler, weakref or None). Keyed by id, not by the type,
+# so that the cache keeps no type alive: a heap type's entry is removed by its
+# weakref's callback when the type dies, before its id can be reused (a
+# source that makes a namedtuple type per batch must not leak them). Static
+# types never die and get no weakref. No value refers to its type.
+cdef dict _kinds = {}
 cdef object _discover = None        # fn(type) -> bool: imported an adapter for it
 
 
@@ -50,6 +81,56 @@ def _set_discover(fn):
     _discover = fn
 
 
+def _kinds_size():
+    """Entries in the classification cache (tests: it must shrink as types die)."""
+    return len(_kinds)
+
+
+@cython.final
+cdef class _Layout:
+    # What a K_STATE type's instances hold besides their items.
+    cdef int base                   # a Base
+    cdef bint has_dict              # instances have a __dict__
+    cdef tuple slots                # the __slots__ entries (mangled names), base first
+
+
+cdef bint _is_heap(type t):
+    return PyType_GetFlags(<PyTypeObject *>t) & Py_TPFLAGS_HEAPTYPE != 0
+
+
+cdef object _layout(type t, type builtin):
+    """The _Layout of ``t`` (a subclass of ``builtin``), or None when its state
+    cannot be reached faithfully by name (a slot shadowed by a subclass)."""
+    cdef _Layout lay = _Layout.__new__(_Layout)
+    solid = object
+    for c in t.__mro__:             # the first C type: the instances' memory layout
+        if not _is_heap(c) or c is builtin:
+            solid = c
+            break
+    if solid is builtin:
+        lay.base = {object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin]
+    else:
+        lay.base = B_COPY
+    lay.has_dict = t.__dictoffset__ != 0
+    slots = []
+    for c in reversed(t.__mro__):
+        names = c.__dict__.get("__slots__", ())
+        for name in ((names,) if isinstance(names, str) else names):
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = "_" + c.__name__.lstrip("_") + name     # private-name mangling
+            descr = c.__dict__.get(name)
+            for d in t.__mro__:     # what attribute lookup finds for the name
+                if name in d.__dict__:
+                    if d.__dict__[name] is not descr:
+                        return None
+                    break
+            slots.append(name)
+    lay.slots = tuple(slots)
+    return lay
+
+
 cdef tuple _classify(type t, bint discover=True):
     for base in t.__mro__:          # the most specific registration wins
         handler = _leaf_types.get(base)
@@ -60,28 +141,46 @@ cdef tuple _classify(type t, bint discover=True):
             return (K_CONTAINER, handler)
     if issubclass(t, cnp.ndarray):
         return (K_ARRAY_SUB, None)
+    builtin = None
     if issubclass(t, tuple):
-        if hasattr(t, "_fields") and hasattr(t, "_make"):
-            return (K_NAMEDTUPLE, None)
-        return (K_TUPLE_SUB, None)
-    if issubclass(t, list):
-        return (K_LIST_SUB, None)
-    if issubclass(t, dict):
-        return (K_DICT_SUB, None)
-    if dataclasses.is_dataclass(t):
-        return (K_DATACLASS, tuple([f.name for f in dataclasses.fields(t)]))
+        if type(getattr(t, "n_sequence_fields", None)) is int and type(getattr(t, "n_fields", None)) is int:
+            return (K_STRUCTSEQ, None)
+        builtin = tuple
+    elif issubclass(t, list):
+        builtin = list
+    elif issubclass(t, dict):
+        builtin = dict
+    elif dataclasses.is_dataclass(t):
+        builtin = object
+    if builtin is not None:
+        layout = _layout(t, builtin)
+        if layout is None or (builtin is tuple and (<_Layout>layout).base == B_COPY):
+            # A C tuple subclass may keep state we cannot see (a shape
+            # type): pass it through rather than rebuild it wrongly.
+            return (K_PASS, None)
+        return (K_STATE, layout)
     if discover and _discover is not None and _discover(t):
         return _classify(t, False)   # the adapter registered its types on import
     return (K_PASS, None)
 
 
+def _forget(key, ref):
+    """Weakref callback: the type with id ``key`` is dying; drop its entry."""
+    found = _kinds.get(key)
+    if found is not None and (<tuple>found)[2] is ref:
+        del _kinds[key]
+
+
 cdef inline tuple _kind_of(type t):
-    found = _kinds.get(t)
+    key = id(t)
+    found = _kinds.get(key)
     if found is None:
-        found = _classify(t)
-        if len(_kinds) >= _KINDS_MAX:
-            _kinds.clear()
-        _kinds[t] = found
+        kind, handler = _classify(t)
+        ref = None
+        if _is_heap(t):
+            ref = weakref.ref(t, functools.partial(_forget, key))
+        found = (kind, handler, ref)
+        _kinds[key] = found
     return <tuple>found
 
 
@@ -89,7 +188,8 @@ cdef list _flatten(object tree, CopyPlan plan, list leaves):
     """Preorder nodes of ``tree``; appends plan._leaf(leaf) of every leaf to ``leaves``."""
     cdef list nodes = []
     cdef list todo = [tree]
-    # The containers on the path to the current node and how many of their
+    # The containers on the path to the current node (held, so that no id in
+    # on_path is reused by a temporary a flatten() made) and how many of their
     # children are still to come: for the depth bound and the cycle check.
     cdef list path = []
     cdef list left = []
@@ -102,7 +202,7 @@ cdef list _flatten(object tree, CopyPlan plan, list leaves):
         obj = todo.pop()
         while top >= 0 and <Py_ssize_t>left[top] == 0:
             left.pop()
-            on_path.discard(path.pop())
+            on_path.discard(id(path.pop()))
             top -= 1
         if top >= 0:
             left[top] = <Py_ssize_t>left[top] - 1
@@ -114,16 +214,16 @@ cdef list _flatten(object tree, CopyPlan plan, list leaves):
             continue
         if t is tuple or t is list:
             kind = K_TUPLE if t is tuple else K_LIST
-            handler = None
             children = obj
             aux = None
         elif t is dict:
             kind = K_DICT
-            handler = None
             aux = list((<dict>obj).keys())
             children = list((<dict>obj).values())
         else:
-            kind, handler = _kind_of(t)
+            found = _kind_of(t)
+            kind = (<tuple>found)[0]
+            handler = (<tuple>found)[1]
             if kind <= K_LEAF:
                 nodes.append(None)
                 leaves.append(plan._leaf(obj, kind, handler, len(leaves)))
@@ -133,12 +233,12 @@ cdef list _flatten(object tree, CopyPlan plan, list leaves):
         nodes.append((kind, aux, n))
         if n:
             if id(obj) in on_path:
+                raise ValueError(_cycle_message(nodes, path, obj))
+            if top + 1 >= MAX_DEPTH:
                 raise ValueError(
-                    f"the batch contains itself: a {t.__name__} at depth {len(path)} is "
-                    "its own ancestor; a batch must be a tree")
-            if len(path) >= MAX_DEPTH:
-                raise ValueError(f"the batch is nested deeper than {MAX_DEPTH} levels")
-            path.append(id(obj))
+                    f"the batch is nested deeper than {MAX_DEPTH} levels (a {t.__name__} at "
+                    f"depth {MAX_DEPTH}); a batch must be a tree of at most {MAX_DEPTH} levels")
+            path.append(obj)
             on_path.add(id(obj))
             left.append(n)
             top += 1
@@ -148,43 +248,93 @@ cdef list _flatten(object tree, CopyPlan plan, list leaves):
 
 cdef tuple _children(object obj, int kind, object handler):
     """(children, aux) of a container; _rebuild(kind, aux, children) inverts it."""
-    if kind == K_NAMEDTUPLE or kind == K_TUPLE_SUB:
-        return (tuple(obj), type(obj))
-    if kind == K_LIST_SUB:
-        return (list(obj), obj)
-    if kind == K_DICT_SUB:
-        return (list(obj.values()), (obj, list(obj.keys())))
-    if kind == K_DATACLASS:
-        return ([getattr(obj, name) for name in <tuple>handler], (obj, handler))
+    cdef _Layout lay
+    cdef Py_ssize_t m
+    if kind == K_STATE:
+        lay = <_Layout>handler
+        keys = None
+        if lay.base == B_TUPLE or (lay.base == B_COPY and isinstance(obj, tuple)):
+            # The C-level items, never an overridden __iter__/__getitem__/keys.
+            items = PyTuple_GetSlice(obj, 0, len(<tuple>obj))
+        elif lay.base == B_LIST or (lay.base == B_COPY and isinstance(obj, list)):
+            items = PyList_GetSlice(obj, 0, len(<list>obj))
+        elif lay.base == B_DICT or (lay.base == B_COPY and isinstance(obj, dict)):
+            keys = PyDict_Keys(obj)
+            items = PyDict_Values(obj)
+        else:
+            items = ()
+        m = len(items)
+        if not lay.has_dict and not lay.slots:
+            return (items, (obj, lay, m, keys, None, None))
+        children = list(items)
+        names = None
+        if lay.has_dict:
+            state = PyObject_GenericGetDict(obj, NULL)
+            if state:
+                names = list((<dict>state).keys())
+                children.extend((<dict>state).values())
+        slots = None
+        if lay.slots:
+            slots = []
+            for name in lay.slots:
+                try:
+                    value = object.__getattribute__(obj, name)
+                except AttributeError:
+                    continue        # an unset slot (e.g. field(init=False)) stays unset
+                slots.append(name)
+                children.append(value)
+        return (children, (obj, lay, m, keys, names, slots))
+    if kind == K_STRUCTSEQ:
+        # Its pickle form: (type, (visible items, {hidden field: value})).
+        cls, (visible, hidden) = obj.__reduce__()
+        children = list(visible)
+        children.extend(hidden.values())
+        return (children, (cls, len(visible), list(hidden.keys())))
     children, aux = handler[0](obj)   # K_CONTAINER: the adapter's flatten
     return (list(children), (handler[1], aux))
 
 
 cdef object _rebuild(int kind, object aux, list children):
+    cdef _Layout lay
+    cdef Py_ssize_t m, d
     if kind == K_TUPLE:
         return tuple(children)
     if kind == K_LIST:
         return children
     if kind == K_DICT:
         return dict(zip(aux, children))
-    if kind == K_NAMEDTUPLE:
-        return aux._make(children)
-    if kind == K_TUPLE_SUB:
-        return aux(children)
     if kind == K_CONTAINER:
         return aux[0](aux[1], children)
-    # Subclassed lists and dicts, and dataclasses: a shallow copy keeps the
-    # type and any extra state; then every element is replaced.
-    orig = aux if kind == K_LIST_SUB else aux[0]
-    new = _shallow_copy(orig)
-    if kind == K_LIST_SUB:
-        new[:] = children
-    elif kind == K_DICT_SUB:
-        for k, v in zip(aux[1], children):
-            new[k] = v
+    if kind == K_STRUCTSEQ:
+        m = aux[1]
+        return aux[0](tuple(children[:m]), dict(zip(aux[2], children[m:])))
+    obj, lay, m, keys, names, slots = aux
+    t = type(obj)
+    if lay.base == B_TUPLE:
+        new = tuple.__new__(t, children[:m] if m < len(children) else children)
+    elif lay.base == B_LIST:
+        new = list.__new__(t)
+        PyList_SetSlice(new, 0, 0, children[:m])
+    elif lay.base == B_DICT:
+        new = dict.__new__(t)
+        for k, v in zip(keys, children[:m]):
+            PyDict_SetItem(new, k, v)
+    elif lay.base == B_OBJECT:
+        new = object.__new__(t)
     else:
-        for name, v in zip(aux[1], children):
-            object.__setattr__(new, name, v)   # also works on frozen dataclasses
+        new = _shallow_copy(obj)    # keeps the C base's own state (e.g. default_factory)
+        if keys is not None:
+            for k, v in zip(keys, children[:m]):
+                new[k] = v
+        elif isinstance(new, list):
+            new[:] = children[:m]
+    d = m
+    if names is not None:
+        PyObject_GenericSetDict(new, dict(zip(names, children[m:m + len(names)])), NULL)
+        d += len(names)
+    if slots is not None:
+        for name, v in zip(slots, children[d:]):
+            object.__setattr__(new, name, v)   # also on frozen dataclasses
     return new
 
 
@@ -207,3 +357,76 @@ cdef object _unflatten(list nodes, list leaves):
         children = [stack.pop() for k in range(<Py_ssize_t>n)]
         stack.append(_rebuild(kind, aux, children))
     return stack[0]
+
+
+# -- error messages (the error path only: nothing here runs per batch) -------
+
+cdef str _label(tuple node, Py_ssize_t p):
+    """How child ``p`` of container ``node`` is written: [0], ['key'], .name."""
+    kind, aux, n = node
+    if kind == K_DICT:
+        return f"[{aux[p]!r}]"
+    if kind == K_STATE:
+        obj, lay, m, keys, names, slots = aux
+        if p < m:
+            return f"[{keys[p]!r}]" if keys is not None else f"[{p}]"
+        p -= m
+        if names is not None:
+            if p < len(names):
+                return f".{names[p]}"
+            p -= len(names)
+        return f".{slots[p]}"
+    if kind == K_STRUCTSEQ:
+        return f"[{p}]" if p < aux[1] else f".{aux[2][p - aux[1]]}"
+    if kind == K_CONTAINER:
+        return f"<child {p}>"
+    return f"[{p}]"
+
+
+cdef str _cycle_message(list nodes, list path, object obj):
+    """'batch[1]['x'] is the same list as batch[1]': where the batch contains itself."""
+    # Replay the preorder to find, for the last node, its ancestors and the
+    # position of the path's child in each: [node index, children seen].
+    cdef list stack = []
+    cdef list where = []           # the label of each step from the root
+    cdef Py_ssize_t i, j = 0
+    for i in range(len(nodes)):
+        while stack and stack[len(stack) - 1][1] == nodes[stack[len(stack) - 1][0]][2]:
+            stack.pop()
+            where.pop()
+        if stack:
+            top = stack[len(stack) - 1]
+            where.append(_label(nodes[top[0]], top[1]))
+            top[1] += 1
+        else:
+            where.append("")
+        if nodes[i] is not None and nodes[i][2]:
+            stack.append([i, 0])
+        elif i < len(nodes) - 1:
+            where.pop()
+    for j in range(len(path)):
+        if path[j] is obj:
+            break
+    here = "batch" + "".join(where)
+    ancestor = "batch" + "".join(where[:j + 1])
+    return (f"the batch contains itself: {here} is the same {type(obj).__name__} as "
+            f"{ancestor} (its own ancestor); a batch must be a tree")
+
+
+
+def _walk(tree, Py_ssize_t times=1):
+    """The batch ``tree`` taken apart and rebuilt ``times`` times, as the fetch
+    thread does, for bench/bench_tree.py (the walk alone cannot be timed through
+    Prefetcher). Array leaves need a prefetcher's pool: TypeError here."""
+    cdef CopyPlan plan = CopyPlan.__new__(CopyPlan)
+    cdef list leaves
+    cdef Py_ssize_t i
+    plan._reset()
+    out = None
+    for i in range(times):
+        leaves = []
+        try:
+            out = _unflatten(_flatten(tree, plan, leaves), leaves)
+        except _Closing:
+            raise TypeError("_walk takes batches without array leaves") from None
+    return out

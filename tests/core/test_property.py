@@ -1,14 +1,17 @@
 """Property-based tests (hypothesis) of SPEC §2 and §3.
 
 For random streams of random batches (nested tuple/list/dict/namedtuple/
-dataclass/subclassed containers; array leaves of every dtype family, both byte
+dataclass/subclassed containers, with instance state in attributes and slots,
+dataclass variants (slots, frozen, InitVar, init=False set or not), struct
+sequences, container types made per batch; array leaves of every dtype family, both byte
 orders, 0-d, empty, strided, transposed, negative-stride, broadcast and
 read-only layouts, from 0 B to tens of MiB; plain leaves), random depth,
 workers and max_bytes, the prefetched stream equals a reference copy taken when
 the source yielded each batch: in order, exactly once, same structure and
 types, never sharing memory with anything the source returned, and unchanged
 however long the consumer keeps it while the source scribbles over its own
-buffers.
+buffers. Batches that contain themselves, and nesting up to and past
+MAX_DEPTH, end in the right batches or a ValueError in the consumer (§4).
 
 Hypothesis shrinks and prints any failing example; replay one with
 ``--hypothesis-seed=N``. Deadlines are off (timings vary with the machine) and
@@ -16,13 +19,16 @@ example counts are sized so this file runs well under a minute on two cores.
 """
 import collections
 import dataclasses
+import time
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from prefetch import Prefetcher
+from prefetch._core import MAX_DEPTH
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                       HealthCheck.function_scoped_fixture])
@@ -47,6 +53,70 @@ class MyList(list):
 
 class MyDict(dict):
     pass
+
+
+# Containers with state besides their items (SPEC §3: kept, arrays in it copied).
+
+class StateList(list):
+    """Attributes in an instance __dict__."""
+
+
+class SlotDict(dict):
+    __slots__ = ("meta",)
+
+
+class Span(tuple):
+    """Positional __new__ (must not be called again to rebuild)."""
+
+    def __new__(cls, a, b):
+        return super().__new__(cls, (a, b))
+
+
+class LabelledPair(Pair):
+    """A namedtuple subclass with a __dict__."""
+
+
+@dataclasses.dataclass(slots=True)
+class SlotRecord:
+    x: object
+    later: object = dataclasses.field(init=False)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrozenSlots:
+    x: object
+
+
+@dataclasses.dataclass
+class WithInitVar:
+    x: object
+    scale: dataclasses.InitVar[int] = 1
+    cache: object = dataclasses.field(init=False)
+
+    def __post_init__(self, scale):
+        self.scaled = scale     # a non-field attribute
+
+
+def with_state(obj, value, name="extra"):
+    """`obj` with an attribute (or slot) holding `value`."""
+    object.__setattr__(obj, name, value)
+    return obj
+
+
+def fresh_namedtuple(a, b):
+    """A namedtuple of a type made for this batch alone (types made per batch, §5)."""
+    return collections.namedtuple("Fresh", "a b")(a, b)
+
+
+def fresh_dataclass(a):
+    return dataclasses.make_dataclass("FreshRecord", ["a"])(a)
+
+
+def struct_times():
+    """time.struct_time with random visible and hidden fields (tm_zone, tm_gmtoff)."""
+    return st.builds(lambda v, zone, off: time.struct_time(tuple(v), {"tm_zone": zone, "tm_gmtoff": off}),
+                     st.lists(st.integers(-9, 3000), min_size=9, max_size=9), st.text(max_size=4),
+                     st.integers(-50000, 50000))
 
 
 class Tagged(np.ndarray):
@@ -143,7 +213,7 @@ PLAIN = st.one_of(st.integers(), st.text(max_size=4), st.binary(max_size=4), st.
 
 
 def leaves():
-    return st.one_of(small_arrays, object_arrays(), PLAIN)
+    return st.one_of(small_arrays, object_arrays(), PLAIN, struct_times())
 
 
 def batches(max_leaves=8):
@@ -157,6 +227,19 @@ def batches(max_leaves=8):
             st.builds(Frozen, children),
             st.lists(children, max_size=3).map(MyList),
             st.dictionaries(st.text(max_size=2), children, max_size=2).map(MyDict),
+            st.builds(with_state, st.lists(children, max_size=2).map(StateList), children),
+            st.builds(with_state, st.dictionaries(st.text(max_size=2), children, max_size=2).map(SlotDict),
+                      children, st.just("meta")),
+            st.builds(Span, children, children),
+            st.builds(with_state, st.builds(LabelledPair, children, children), children),
+            st.builds(SlotRecord, children),
+            st.builds(with_state, st.builds(SlotRecord, children), children, st.just("later")),
+            st.builds(FrozenSlots, children),
+            st.builds(WithInitVar, children, st.integers(0, 3)),
+            st.builds(with_state, st.builds(WithInitVar, children), children, st.just("cache")),
+            st.builds(with_state, st.builds(Record, children), children),
+            st.builds(fresh_namedtuple, children, children),
+            st.builds(fresh_dataclass, children),
         )
     return st.recursive(leaves(), extend, max_leaves=max_leaves)
 
@@ -171,26 +254,40 @@ CONFIG = dict(
 # ---------------------------------------------------------------------------
 # The reference and the checks.
 
+def is_struct_sequence(obj):
+    return isinstance(obj, tuple) and hasattr(type(obj), "n_sequence_fields")
+
+
+def state(obj):
+    """[(name, value)]: the instance state of `obj` besides its items (its __dict__
+    and every set slot), what SPEC §3 says a rebuilt container keeps."""
+    out = list(vars(obj).items()) if hasattr(obj, "__dict__") else []
+    for cls in type(obj).__mro__:
+        names = cls.__dict__.get("__slots__", ())
+        for name in (names,) if isinstance(names, str) else names:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                out.append((name, getattr(obj, name)))
+    return out
+
+
 def flatten(obj, path=()):
     """[(path, leaf)] in a fixed order, containers described in the path."""
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray) or is_struct_sequence(obj):
         return [(path, obj)]
     if isinstance(obj, (tuple, list)):
-        out = []
-        for i, x in enumerate(obj):
-            out += flatten(x, path + ((type(obj), i),))
-        return out
-    if isinstance(obj, dict):
-        out = []
-        for k, v in obj.items():
-            out += flatten(v, path + ((type(obj), k),))
-        return out
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = []
-        for f in dataclasses.fields(obj):
-            out += flatten(getattr(obj, f.name), path + ((type(obj), f.name),))
-        return out
-    return [(path, obj)]
+        items = list(enumerate(obj))
+    elif isinstance(obj, dict):
+        items = list(obj.items())
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        items = []
+    else:
+        return [(path, obj)]
+    if type(obj) not in (tuple, list, dict):
+        items += [("." + name, value) for name, value in state(obj)]
+    out = []
+    for key, value in items:
+        out += flatten(value, path + ((type(obj), key),))
+    return out
 
 
 def snapshot(batch):
@@ -211,6 +308,9 @@ def check_batch(got, want, sources):
     assert [p for p, _ in leaves] == [p for p, _, _ in want]
     for (_, out), (_, typ, ref) in zip(leaves, want):
         assert type(out) is typ
+        if is_struct_sequence(ref):
+            assert out.__reduce__() == ref.__reduce__()   # hidden fields too, exactly
+            continue
         if not isinstance(ref, np.ndarray):
             assert out is ref                       # plain leaves pass through (§3)
             continue
@@ -341,3 +441,98 @@ def test_max_bytes_bounds_what_is_buffered(sizes, depth, cap):
             if len(got) < len(sizes):
                 got.append(next(p).size)
     assert got == sizes
+
+
+# ---------------------------------------------------------------------------
+# Hostile structures: cycles and depth (SPEC §4: an error in the consumer, never a crash).
+
+def mutable_containers(obj, ancestors=()):
+    """[(container, its ancestors)] of every container of `obj` that can be made to
+    hold something more (list, dict, or an object with a __dict__)."""
+    found = []
+    if isinstance(obj, np.ndarray) or is_struct_sequence(obj):
+        return found
+    if isinstance(obj, (list, dict)) or (hasattr(obj, "__dict__") and not isinstance(obj, type)
+                                         and (isinstance(obj, (list, dict, tuple))
+                                              or dataclasses.is_dataclass(obj))):
+        found.append((obj, ancestors))
+    if isinstance(obj, (tuple, list)):
+        kids = list(obj)
+    elif isinstance(obj, dict):
+        kids = list(obj.values())
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        kids = []
+    else:
+        return found
+    if type(obj) not in (tuple, list, dict):
+        kids += [v for _, v in state(obj)]
+    for kid in kids:
+        found += mutable_containers(kid, ancestors + (obj,))
+    return found
+
+
+def close_the_loop(container, target):
+    """Make `container` reach `target` (itself or one of its ancestors)."""
+    if isinstance(container, list):
+        list.append(container, target)
+    elif isinstance(container, dict):
+        dict.__setitem__(container, "loop", target)
+    else:
+        object.__setattr__(container, "loop", target)
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(stream=st.lists(batches(), min_size=1, max_size=4), data=st.data(), depth=st.integers(1, 4))
+def test_batch_containing_itself_raises_after_the_batches_before_it(stream, data, depth):
+    """§3/§4: a cycle anywhere (through items, attributes, subclasses or dataclasses)
+    raises ValueError in the consumer after the batches before it; the stream ends."""
+    k = data.draw(st.integers(0, len(stream) - 1), label="cyclic batch")
+    want = [snapshot(b) for b in stream[:k]]
+    places = mutable_containers(stream[k])
+    if not places:
+        stream[k] = [stream[k]]
+        places = [(stream[k], ())]
+    container, ancestors = data.draw(st.sampled_from(places), label="container")
+    close_the_loop(container, data.draw(st.sampled_from(ancestors + (container,)), label="target"))
+    with Prefetcher(stream, depth=depth) as p:
+        for i in range(k):
+            check_batch(next(p), want[i], source_arrays(stream[i]))
+        with pytest.raises(ValueError, match="the batch contains itself: batch"):
+            next(p)
+        with pytest.raises(StopIteration):
+            next(p)
+
+
+WRAPS = [
+    (lambda o: [o], lambda o: o[0], list),
+    (lambda o: {"k": o}, lambda o: o["k"], dict),
+    (lambda o: (o,), lambda o: o[0], tuple),
+    (lambda o: Record(o), lambda o: o.x, Record),
+    (lambda o: with_state(StateList(), o), lambda o: o.extra, StateList),
+    (lambda o: Span(o, 1), lambda o: o[0], Span),
+]
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(kinds=st.lists(st.integers(0, len(WRAPS) - 1), min_size=1, max_size=8),
+       levels=st.one_of(st.integers(0, 3000), st.sampled_from([MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1])))
+def test_deep_batches_come_out_whole_up_to_max_depth_and_raise_past_it(kinds, levels):
+    """§3/§4: nesting of mixed container kinds is copied whole up to MAX_DEPTH levels
+    and raises ValueError naming the bound past it; the stream ends either way."""
+    x = np.arange(3)
+    batch = x
+    for i in range(levels):
+        batch = WRAPS[kinds[i % len(kinds)]][0](batch)
+    with Prefetcher([batch]) as p:
+        if levels > MAX_DEPTH:
+            with pytest.raises(ValueError, match=f"deeper than {MAX_DEPTH} levels"):
+                next(p)
+        else:
+            out = next(p)
+            for i in reversed(range(levels)):
+                _, unwrap, typ = WRAPS[kinds[i % len(kinds)]]
+                assert type(out) is typ
+                out = unwrap(out)
+            assert type(out) is np.ndarray and (out == x).all() and not np.shares_memory(out, x)
+        with pytest.raises(StopIteration):
+            next(p)
