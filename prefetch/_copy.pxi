@@ -305,7 +305,7 @@ cdef void _push(PyObject ***stack, Py_ssize_t *cap, Py_ssize_t *n, PyObject *o) 
 
 cdef size_t _leaf_nbytes(object leaf):
     """Bytes of a registered leaf handed over, for max_bytes and stats: its
-    ``nbytes`` (numpy, torch), else 0."""
+    ``nbytes`` attribute where it has one, else 0."""
     try:
         return max(0, int(getattr(leaf, "nbytes", 0)))
     except Exception:
