@@ -20,17 +20,28 @@ repetitions are reported. Targets: on the fresh source ours is within 1.10 x
 the no-copy thread prefetcher and never slower than the plain loop when the
 consumer works; on the refilled source nothing changes (ours = copy="always").
 
+A second table breaks down the overlap loss (issue 13 item 4, SPEC §7): a
+producer and a consumer that each sleep P = C = 2 ms per batch (releasing the
+GIL), N batches, for queue.Queue (+ np.copy) and ours. The total is split into
+N * max(P, C) with P and C as timed inside the run, the first batch (it
+cannot overlap with anything: the pipeline's fill, 1/(N+1) of the ideal), the
+consumer's wake-ups (from the moment a batch was both produced and wanted to
+the moment next() returned it), and the rest (the consumer's own per-batch
+cost and the last batch). The efficiency against P and C timed alone also
+shows how much time.sleep overshoots when two threads sleep at once.
+
 Run alone: python bench/bench_handover.py [--quick] [--reps 5]
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _util as U  # noqa: E402
+import _util as U
 
 PLAIN = "plain loop"
 QUEUE = "thread + queue.Queue(4), no copy"
@@ -46,7 +57,8 @@ SAMPLES = 16          # samples collated per batch
 
 def default_cfg(quick=False):
     return {"sizes": [1 * MiB, 19 * MB], "reps": 3 if quick else 5,
-            "target_s": 0.08 if quick else 0.2, "n_min": 8, "n_max": 2000}
+            "target_s": 0.08 if quick else 0.2, "n_min": 8, "n_max": 2000,
+            "overlap_n": [60] if quick else [60, 150]}
 
 
 def _samples(nbytes):
@@ -118,7 +130,7 @@ def _cases(cfg):
 
 
 def steps(cfg):
-    return len(_cases(cfg)) * cfg["reps"] * len(ROWS)
+    return len(_cases(cfg)) * cfg["reps"] * len(ROWS) + 1
 
 
 def _ratio_summary(num, den):
@@ -162,8 +174,52 @@ def run(cfg, prog=None):
             "ours/always": _ratio_summary(us[OURS], us[ALWAYS]),
             "workers2/plain": _ratio_summary(us[W2], us[PLAIN]),
         }
+    prog.set("handover: overlap breakdown")
+    res["overlap"] = {str(n): {row: [overlap_breakdown(row, n, prefetch) for _ in range(cfg["reps"])]
+                               for row in ("queue.Queue + np.copy", OURS)}
+                      for n in cfg["overlap_n"]}
+    prog.tick()
     res["targets"] = _targets(res)
     return res
+
+
+def overlap_breakdown(row, n, prefetch, p_s=2e-3, c_s=2e-3):
+    """Where the time of n overlapped batches goes (ms), for one row."""
+    ready, got, done = [], [], []
+    batch = (np.zeros((4, 8), np.float32), np.zeros(4, np.int64))
+    alone = U.ns()
+    for _ in range(10):
+        time.sleep(p_s)
+    alone = (U.ns() - alone) / 10
+
+    def src():
+        for _ in range(n):
+            time.sleep(p_s)
+            ready.append(U.ns())
+            yield batch
+
+    with U.no_gc():
+        t0 = U.ns()
+        it = (U.QueuePrefetcher(src(), DEPTH, copy=True) if row != OURS
+              else prefetch.Prefetcher(src(), depth=DEPTH))
+        for _b in it:
+            got.append(U.ns())
+            time.sleep(c_s)
+            done.append(U.ns())
+        total = U.ns() - t0
+    U.close_quietly(it)
+    p_in = (ready[-1] - ready[0]) / (n - 1)
+    c_in = sum(d - g for d, g in zip(done, got)) / n
+    ideal = n * max(p_in, c_in)
+    first = got[0] - t0
+    wakes = sorted(got[i] - max(ready[i], done[i - 1]) for i in range(1, n))
+    ms = 1e-6
+    return {"total_ms": total * ms, "ideal_inrun_ms": ideal * ms, "eff_inrun": ideal / total,
+            "eff_alone": n * alone / total, "perfect_pipeline": n / (n + 1),
+            "first_batch_ms": first * ms, "wakeups_ms": sum(wakes) * ms,
+            "wakeup_median_us": wakes[len(wakes) // 2] / 1e3,
+            "rest_ms": (total - ideal - first - sum(wakes) + max(p_in, c_in)) * ms,
+            "sleep_overshoot_pct": 100 * (p_in / alone - 1)}
 
 
 def _targets(res):
@@ -184,8 +240,8 @@ def report(res):
     if not res["cases"]:
         return [f"[handover] skipped: {res.get('skipped')}"]
     p = res["params"]
-    out = [f"[handover] µs per batch, median ±half-IQR over {p['reps']} interleaved repetitions "
-           f"(depth={DEPTH}; load average at the end {res['load'][0]:.1f}: shared machine, noisy)."]
+    out = [(f"[handover] µs per batch, median ±half-IQR over {p['reps']} interleaved repetitions "
+            f"(depth={DEPTH}; load average at the end {res['load'][0]:.1f}: shared machine, noisy).")]
     cases = list(res["cases"])
     for size in p["sizes"]:
         cs = [c for c in cases if res["cases"][c]["size"] == size]
@@ -204,6 +260,14 @@ def report(res):
                 + ["{} / {}".format(*res["cases"][c]["leaves_handed_over_copied"].get(OURS, (0, 0)))
                    for c in cs]]
         out += ["  " + x for x in U.table_lines([""] + header[1:], hand)]
+    keys = ["eff_alone", "eff_inrun", "perfect_pipeline", "first_batch_ms", "wakeups_ms",
+            "wakeup_median_us", "rest_ms", "sleep_overshoot_pct"]
+    for n, rows in res["overlap"].items():
+        out.append(f"  overlap breakdown, sleep P = C = 2 ms, N = {n}, depth={DEPTH} (median of "
+                   f"{p['reps']}; ms unless marked)")
+        table = [[row] + [f"{sorted(r[k] for r in reps)[len(reps) // 2]:.3f}" for k in keys]
+                 for row, reps in rows.items()]
+        out += ["  " + x for x in U.table_lines(["row"] + keys, table)]
     t = res["targets"]
     out.append("  targets: fresh within 1.10x queue: " + str(t["fresh_within_1.10x_queue"]["met"])
                + "; fresh never slower than plain (consumer works): "

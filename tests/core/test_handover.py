@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import RefillingSource
 
 import prefetch
 from prefetch import Prefetcher
-from support import RefillingSource
 
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 
 
 def addr(a):
@@ -221,21 +221,20 @@ def test_memmap_and_mmap_backed_arrays_are_copied(tmp_path):
     path = tmp_path / "data.bin"
     np.arange(64, dtype=np.uint8).tofile(path)
     mm = np.memmap(path, dtype=np.uint8, mode="r+")
-    f = open(path, "r+b")
-    raw = mmap.mmap(f.fileno(), 0)
+    with open(path, "r+b") as f:
+        raw = mmap.mmap(f.fileno(), 0)
 
     def src():
         yield np.memmap(path, dtype=np.uint8, mode="r+", shape=(64,))
         yield np.frombuffer(raw, np.uint8)
     out, s = run(src())
     assert s.leaves_handed_over == 0 and s.leaves_copied == 2
-    assert type(out[0]) is np.memmap or isinstance(out[0], np.ndarray)
-    mm[:] = 0
+    assert isinstance(out[0], np.memmap)   # a subclass keeps its type
+    mm[:] = 0                              # the file changes under the source...
     mm.flush()
-    assert list(out[0][:3]) == [0, 1, 2] and list(out[1][:3]) == [0, 1, 2]
+    assert list(out[0][:3]) == [0, 1, 2] and list(out[1][:3]) == [0, 1, 2]   # ...not the batch
     del out
     raw.close()
-    f.close()
     del mm
 
 
@@ -284,6 +283,7 @@ def test_zip_reuses_its_tuple_so_its_leaves_are_copied():
     """§3 rule 1: zip() keeps the tuple it returned (to reuse it): not provably sole."""
     out, s = run(zip((np.full(3, i) for i in range(3)), range(3)))
     assert s.leaves_handed_over == 0 and s.leaves_copied == 3
+    assert [(int(x[0]), j) for x, j in out] == [(0, 0), (1, 1), (2, 2)]
 
 
 def test_the_same_array_twice_in_a_batch_is_copied_twice():
@@ -382,11 +382,11 @@ def test_a_registered_leaf_is_handed_over_only_when_sole_and_exclusive():
         assert out[2][0] is not kept and not np.shares_memory(out[2][0].a, kept.a)
 
         prefetch.register_leaf(Box, copy, exclusive=lambda leaf: 1)   # truthy is not True
-        out, s = run((Box(np.full(3, i)),) for i in range(2))
+        _, s = run((Box(np.full(3, i)),) for i in range(2))
         assert s.leaves_handed_over == 0
 
         prefetch.register_leaf(Box, copy)   # no hook: always copied
-        out, s = run((Box(np.full(3, i)),) for i in range(2))
+        _, s = run((Box(np.full(3, i)),) for i in range(2))
         assert s.leaves_handed_over == 0 and s.leaves_copied == 2
     finally:
         prefetch.register_leaf(Box, copy)
