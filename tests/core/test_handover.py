@@ -343,6 +343,35 @@ def test_arrays_inside_object_arrays_and_passed_through_objects():
         assert obj.dtype == object and int(obj[0][0]) == i and type(h) is Holder
 
 
+def test_arrays_sharing_memory_with_a_framework_tensor_are_copied():
+    """§3 rule 1: numpy arrays whose memory a torch tensor also reaches (from_numpy keeps
+    the array, .numpy() and DLPack give arrays with a base) are copied."""
+    torch = pytest.importorskip("torch")
+    tensors = []
+
+    def shared_with_tensor(i):
+        a = np.full(6, i, np.float32)
+        tensors.append(torch.from_numpy(a))
+        return a
+
+    def numpy_of_tensor(i):
+        t = torch.full((6,), float(i))
+        tensors.append(t)
+        return t.numpy()
+
+    def from_dlpack(i):
+        t = torch.full((6,), float(i))
+        tensors.append(t)
+        return np.from_dlpack(t)
+
+    makers = [shared_with_tensor, numpy_of_tensor, from_dlpack]
+    out, s = run(make(i) for i, make in enumerate(makers))
+    assert s.leaves_handed_over == 0 and s.leaves_copied == 3
+    for t in tensors:
+        t.fill_(-1)
+    assert [float(b[0]) for b in out] == [0.0, 1.0, 2.0]
+
+
 # -- registered leaves: the adapter's exclusive() hook ---------------------------
 
 class Box:
