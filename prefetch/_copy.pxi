@@ -129,7 +129,6 @@ cdef class CopyPlan:
     cdef void _reset(self):
         self._njobs = 0
         self.nbytes = 0
-        self.copied_bytes = 0
         self.handed_bytes = 0
         self.copied_leaves = 0
         self.handed_leaves = 0
@@ -237,7 +236,6 @@ cdef class CopyPlan:
             # dtypes hold references that must be copied one by one, with the
             # GIL. numpy allocates these itself.
             self.nbytes += nbytes
-            self.copied_bytes += nbytes
             return np.array(a, copy=True, order="C", subok=True)
         if self._pool == NULL:
             raise _Closing()
@@ -259,7 +257,6 @@ cdef class CopyPlan:
         else:
             self._strided.append((out, a))
         self.nbytes += nbytes
-        self.copied_bytes += nbytes
         return out
 
     cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *:
@@ -277,7 +274,7 @@ cdef class CopyPlan:
 
     cdef void _run(self, pf_copier *copier) except *:
         """Every queued copy; returns when all bytes are in place."""
-        if self.copied_bytes >= NOGIL_MIN_BYTES:
+        if self.nbytes - self.handed_bytes >= NOGIL_MIN_BYTES:
             with nogil:
                 pf_copy_run(copier, self._jobs, self._njobs)
         elif self._njobs:

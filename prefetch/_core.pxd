@@ -83,8 +83,7 @@ cdef class CopyPlan:
     cdef size_t _jobs_cap
     cdef list _strided             # (out, src) pairs copied by numpy
     cdef uint64_t nbytes           # bytes of the batch being planned: copied + handed over
-    cdef uint64_t copied_bytes
-    cdef uint64_t handed_bytes
+    cdef uint64_t handed_bytes     # of which handed over (SPEC §3 rule 1)
     cdef uint64_t copied_leaves
     cdef uint64_t handed_leaves
     cdef set _sole                 # addresses of the leaves _find_sole proved only the batch holds
