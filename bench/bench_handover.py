@@ -1,99 +1,102 @@
-"""Section: hand-over vs copy (issue 13, SPEC §3 rule 1 and §7 "never slower").
+"""Hand-over without a copy: a loader that collates a fresh array per batch
+(``yield np.stack(samples)``) needs no protecting copy, and prefetch hands such
+a batch over as is; a loader that refills one buffer (``np.stack(samples,
+out=buf); yield buf``) is still copied.
 
-A loader that collates a fresh array per batch (``yield np.stack(samples)``)
-needs no protecting copy: the prefetcher hands such a batch over as is. A
-loader that refills one buffer (``np.stack(samples, out=buf); yield buf``)
-must still be copied. Rows, in µs per batch, interleaved (each repetition
-starts the row list at a different place), for 1 MiB and 19 MB batches, with a
+Rows, in µs per batch (construction and teardown included, as one epoch sees
+them), interleaved within each repetition, for 1 MiB and 19 MB batches, with a
 consumer that only waits and one that works (``np.multiply(b, 1.0001,
 out=np.empty_like(b))``, which releases the GIL):
 
-  plain loop                         no prefetcher
-  thread + queue.Queue, no copy      the unsafe textbook prefetcher (safe here only
-                                     for the fresh source)
-  ours (default)                     Prefetcher(src, depth=4): hands over fresh arrays
-  ours, copy="always"                copies every leaf into pooled memory
-  ours, workers=2                    default, two copy threads
+  plain loop                          no prefetcher
+  thread + queue.Queue(4), no copy    the textbook prefetcher; unsafe in general
+                                      (safe here only for the fresh source)
+  prefetch, default                   Prefetcher(src, depth=4): fresh arrays handed over
+  prefetch, copy="always"             every leaf copied into pooled memory
+  prefetch, workers=2                 default, two copy threads
 
-Ratios are taken within each repetition, then the median and the min..max over
-repetitions are reported. Targets: on the fresh source ours is within 1.10 x
-the no-copy thread prefetcher and never slower than the plain loop when the
-consumer works; on the refilled source nothing changes (ours = copy="always").
+Targets: on the fresh source, prefetch is within 1.10 x the no-copy thread
+prefetcher, and not slower than the plain loop when the consumer works; on the
+refilled source, the default costs what copy="always" costs (nothing changes).
+Minor page faults per batch are shown too: every row but the plain loop keeps
+several batches alive at once, and a fresh 19 MB allocation per batch then
+often comes from new pages (the allocator returns freed ones to the system).
 
-A second table breaks down the overlap loss (issue 13 item 4, SPEC §7): a
-producer and a consumer that each sleep P = C = 2 ms per batch (releasing the
-GIL), N batches, for queue.Queue (+ np.copy) and ours. The total is split into
-N * max(P, C) with P and C as timed inside the run, the first batch (it
-cannot overlap with anything: the pipeline's fill, 1/(N+1) of the ideal), the
-consumer's wake-ups (from the moment a batch was both produced and wanted to
-the moment next() returned it), and the rest (the consumer's own per-batch
-cost and the last batch). The efficiency against P and C timed alone also
-shows how much time.sleep overshoots when two threads sleep at once.
-
-Run alone: python bench/bench_handover.py [--quick] [--reps 5]
+A second table shows where the time of an overlapped run goes: producer and
+consumer each sleep P = C = 2 ms per batch (releasing the GIL), N batches.
+The total splits into N * max(P, C) with P and C as timed inside the run; the
+first batch (nothing overlaps it: the pipeline fills, 1/(N+1) of the ideal);
+the consumer's wake-ups (from the moment a batch was both produced and wanted
+until next() returned it); and the rest (batches whose P ran longer than their
+C, and the consumer's own per-batch cost). "sleep overshoot" is how much
+longer time.sleep takes inside the run than alone: it makes an efficiency
+against P and C timed alone look worse than the pipeline is.
 """
 from __future__ import annotations
 
-import os
-import sys
+import resource
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _baselines as B
+import _stats as S
 import _util as U
 
+TITLE = "Hand-over of fresh batches (no copy) vs copying"
 PLAIN = "plain loop"
 QUEUE = "thread + queue.Queue(4), no copy"
-OURS = "ours (default)"
-ALWAYS = 'ours, copy="always"'
-W2 = "ours, workers=2"
+OURS = "prefetch, default"
+ALWAYS = 'prefetch, copy="always"'
+W2 = "prefetch, workers=2"
 ROWS = [PLAIN, QUEUE, OURS, ALWAYS, W2]
-MB = 10**6
-MiB = 2**20
+QCOPY = "queue.Queue thread + np.copy"
+MB, MiB = 10**6, 2**20
 DEPTH = 4
 SAMPLES = 16          # samples collated per batch
+GOAL_QUEUE = 1.10     # fresh source: prefetch / no-copy thread prefetcher <= this
+GOAL_PLAIN = 1.0      # fresh source, consumer works: prefetch / plain loop <= this
 
 
-def default_cfg(quick=False):
-    return {"sizes": [1 * MiB, 19 * MB], "reps": 3 if quick else 5,
-            "target_s": 0.08 if quick else 0.2, "n_min": 8, "n_max": 2000,
-            "overlap_n": [60] if quick else [60, 150]}
+def add_arguments(g):
+    g.add_argument("--handover-sizes", type=U.size_list, help="batch sizes (default 1m,19000k)")
+
+
+def config(a):
+    return {"sizes": a.handover_sizes or [1 * MiB, 19 * MB], "reps": a.reps or (9 if a.quick else 11),
+            "target_s": 0.03 if a.quick else 0.15, "n_min": 30, "n_max": 2000,
+            "overlap_n": [60] if a.quick else [60, 150]}
 
 
 def _samples(nbytes):
     rng = np.random.default_rng(0)
-    return [rng.random(nbytes // 8 // SAMPLES) for _ in range(SAMPLES)]
+    return [rng.random(max(1, nbytes // 8 // SAMPLES)) for _ in range(SAMPLES)]
 
 
 def fresh_source(samples, n):
-    """A new array per batch; nothing else references it (handed over)."""
+    """A new array per batch that nothing else references: handed over."""
     for _ in range(n):
         yield np.stack(samples)
 
 
 def refilled_source(samples, n):
-    """One buffer, refilled in place per batch (must be copied)."""
+    """One buffer refilled in place per batch: must be copied."""
     buf = np.empty((len(samples), samples[0].size))
     for _ in range(n):
         np.stack(samples, out=buf)
         yield buf
 
 
-def _consumer(kind):
-    if kind == "waits":
-        return None
-
-    def work(b):
-        np.multiply(b, 1.0001, out=np.empty_like(b))
-    return work
+def _work(b):
+    np.multiply(b, 1.0001, out=np.empty_like(b))
 
 
-def _make(row, src, prefetch):
+def _make(row, src):
+    import prefetch
     if row == PLAIN:
         return src
     if row == QUEUE:
-        return U.QueuePrefetcher(src, DEPTH, copy=False)
+        return B.QueuePrefetcher(src, DEPTH, copy=False)
     if row == OURS:
         return prefetch.Prefetcher(src, depth=DEPTH)
     if row == ALWAYS:
@@ -101,96 +104,49 @@ def _make(row, src, prefetch):
     return prefetch.Prefetcher(src, depth=DEPTH, workers=2)
 
 
-def time_row(row, source, samples, n, work, prefetch):
-    """ns per batch over n batches, construction and teardown included (as a user
-    would see them in one epoch), and the prefetcher's stats (or None)."""
+def time_row(row, source, samples, n, works):
+    """(µs per batch over n batches, minor page faults per batch (the whole process),
+    (leaves handed over, copied) or None)."""
     with U.no_gc():
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = U.ns()
-        it = _make(row, source(samples, n), prefetch)
+        it = _make(row, source(samples, n))
         cnt = 0
-        if work is None:
-            for _b in it:
-                cnt += 1
-        else:
+        if works:
             for b in it:
-                work(b)
+                _work(b)
                 cnt += 1
             del b
+        else:
+            for _b in it:
+                cnt += 1
         t = U.ns() - t0
-    stats = it.stats() if hasattr(it, "stats") else None
-    U.close_quietly(it)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    st = it.stats() if hasattr(it, "stats") else None
+    B.close_quietly(it)
     if cnt != n:
         raise RuntimeError(f"{row}: expected {n} batches, got {cnt}")
-    return t / n, stats
+    return t / n / 1e3, faults / n, (None if st is None else (st.leaves_handed_over, st.leaves_copied))
 
 
 def _cases(cfg):
-    return [(size, src, cons) for size in cfg["sizes"] for src in ("fresh", "refilled")
-            for cons in ("waits", "works")]
+    return [(size, src, works) for size in cfg["sizes"] for src in ("fresh", "refilled")
+            for works in (False, True)]
 
 
-def steps(cfg):
-    return len(_cases(cfg)) * cfg["reps"] * len(ROWS) + 1
+def _case_name(size, src, works):
+    return f"{U.human_bytes(size)}, {src}, consumer {'works' if works else 'waits'}"
 
 
-def _ratio_summary(num, den):
-    xs = [a / b for a, b in zip(num, den)]
-    s = U.summary(xs)
-    return {"median": s["median"], "min": s["min"], "max": s["max"], "samples": xs}
-
-
-def run(cfg, prog=None):
-    prog = prog or U.NullProgress()
-    prefetch, why = U.load_prefetch()
-    if prefetch is None:
-        return {"params": dict(cfg), "skipped": why, "cases": {}}
-    res = {"params": dict(cfg), "cases": {}, "load": os.getloadavg()}
-    for size, srcname, cons in _cases(cfg):
-        samples = _samples(size)
-        source = fresh_source if srcname == "fresh" else refilled_source
-        work = _consumer(cons)
-        # Batches per run: about target_s of plain-loop time.
-        time_row(PLAIN, source, samples, 3, work, prefetch)   # warm-up: page in, caches
-        per, _ = time_row(PLAIN, source, samples, 10, work, prefetch)
-        n = int(min(cfg["n_max"], max(cfg["n_min"], cfg["target_s"] * 1e9 / per)))
-        us = {r: [] for r in ROWS}
-        handed = {}
-        for rep in range(cfg["reps"]):
-            for row in U.rotate(ROWS, rep):
-                prog.set(f"handover {size // 1000} kB {srcname} {cons}: {row}")
-                t, st = time_row(row, source, samples, n, work, prefetch)
-                us[row].append(t / 1e3)
-                if st is not None:
-                    handed[row] = (st.leaves_handed_over, st.leaves_copied)
-                prog.tick()
-        name = f"{size / MiB:.0f} MiB" if size == MiB else f"{size / MB:.0f} MB"
-        res["cases"][f"{name}, {srcname}, consumer {cons}"] = {
-            "size": size, "source": srcname, "consumer": cons, "n": n,
-            "us_per_batch": {r: U.summary(v) for r, v in us.items()},
-            "samples_us": us,
-            "leaves_handed_over_copied": handed,
-            "ours/queue": _ratio_summary(us[OURS], us[QUEUE]),
-            "ours/plain": _ratio_summary(us[OURS], us[PLAIN]),
-            "ours/always": _ratio_summary(us[OURS], us[ALWAYS]),
-            "workers2/plain": _ratio_summary(us[W2], us[PLAIN]),
-        }
-    prog.set("handover: overlap breakdown")
-    res["overlap"] = {str(n): {row: [overlap_breakdown(row, n, prefetch) for _ in range(cfg["reps"])]
-                               for row in ("queue.Queue + np.copy", OURS)}
-                      for n in cfg["overlap_n"]}
-    prog.tick()
-    res["targets"] = _targets(res)
-    return res
-
-
-def overlap_breakdown(row, n, prefetch, p_s=2e-3, c_s=2e-3):
-    """Where the time of n overlapped batches goes (ms), for one row."""
+def overlap_breakdown(row, n, p_s=2e-3, c_s=2e-3):
+    """Where the time of n overlapped batches goes, for one row (ms unless marked)."""
+    import prefetch
     ready, got, done = [], [], []
     batch = (np.zeros((4, 8), np.float32), np.zeros(4, np.int64))
-    alone = U.ns()
+    t0 = U.ns()
     for _ in range(10):
         time.sleep(p_s)
-    alone = (U.ns() - alone) / 10
+    alone = (U.ns() - t0) / 10
 
     def src():
         for _ in range(n):
@@ -200,85 +156,109 @@ def overlap_breakdown(row, n, prefetch, p_s=2e-3, c_s=2e-3):
 
     with U.no_gc():
         t0 = U.ns()
-        it = (U.QueuePrefetcher(src(), DEPTH, copy=True) if row != OURS
+        it = (B.QueuePrefetcher(src(), DEPTH, copy=True) if row == QCOPY
               else prefetch.Prefetcher(src(), depth=DEPTH))
         for _b in it:
             got.append(U.ns())
             time.sleep(c_s)
             done.append(U.ns())
         total = U.ns() - t0
-    U.close_quietly(it)
+    B.close_quietly(it)
     p_in = (ready[-1] - ready[0]) / (n - 1)
     c_in = sum(d - g for d, g in zip(done, got)) / n
     ideal = n * max(p_in, c_in)
     first = got[0] - t0
     wakes = sorted(got[i] - max(ready[i], done[i - 1]) for i in range(1, n))
-    ms = 1e-6
-    return {"total_ms": total * ms, "ideal_inrun_ms": ideal * ms, "eff_inrun": ideal / total,
-            "eff_alone": n * alone / total, "perfect_pipeline": n / (n + 1),
-            "first_batch_ms": first * ms, "wakeups_ms": sum(wakes) * ms,
-            "wakeup_median_us": wakes[len(wakes) // 2] / 1e3,
-            "rest_ms": (total - ideal - first - sum(wakes) + max(p_in, c_in)) * ms,
-            "sleep_overshoot_pct": 100 * (p_in / alone - 1)}
+    return {"efficiency, P and C timed alone": n * alone / total,
+            "efficiency, P and C timed in the run": ideal / total,
+            "best a pipeline of N can do": n / (n + 1),
+            "first batch, ms": first / 1e6, "wake-ups, ms": sum(wakes) / 1e6,
+            "wake-up median, µs": wakes[len(wakes) // 2] / 1e3,
+            "rest, ms": (total - ideal - first - sum(wakes) + max(p_in, c_in)) / 1e6,
+            "sleep overshoot, %": 100 * (p_in / alone - 1)}
 
 
-def _targets(res):
-    fresh = {k: v for k, v in res["cases"].items() if v["source"] == "fresh"}
-    refilled = {k: v for k, v in res["cases"].items() if v["source"] == "refilled"}
-    within = {k: v["ours/queue"]["median"] for k, v in fresh.items()}
-    never = {k: v["ours/plain"]["median"] for k, v in fresh.items() if v["consumer"] == "works"}
-    same = {k: v["ours/always"]["median"] for k, v in refilled.items()}
-    return {
-        "fresh_within_1.10x_queue": {"by_case": within, "met": all(x <= 1.10 for x in within.values())},
-        "fresh_not_slower_than_plain_when_working": {"by_case": never,
-                                                     "met": all(x <= 1.0 for x in never.values())},
-        "refilled_unchanged_vs_always_copy": {"by_case": same},
-    }
+def run(cfg, say):
+    us, faults, counts, nbatches = {}, {}, {}, {}
+    for size, srcname, works in _cases(cfg):
+        name = _case_name(size, srcname, works)
+        samples = _samples(size)
+        source = fresh_source if srcname == "fresh" else refilled_source
+        time_row(PLAIN, source, samples, 3, works)               # warm-up: page in, caches
+        per = time_row(PLAIN, source, samples, 10, works)[0]
+        n = int(min(cfg["n_max"], max(cfg["n_min"], cfg["target_s"] * 1e6 / per)))
+        nbatches[name] = n
+        us[name] = {r: [] for r in ROWS}
+        faults[name] = {r: [] for r in ROWS}
+        for rep in range(cfg["reps"]):
+            say(f"{name}, repetition {rep + 1}/{cfg['reps']}")
+            for row in U.rotate(ROWS, rep):
+                t, f, c = time_row(row, source, samples, n, works)
+                us[name][row].append(t)
+                faults[name][row].append(f)
+                if c is not None and row == OURS:
+                    counts[name] = c
+    breakdown = {}
+    for n in cfg["overlap_n"]:
+        breakdown[str(n)] = {row: [] for row in (QCOPY, OURS)}
+        for rep in range(cfg["reps"]):
+            say(f"overlap breakdown N={n}, repetition {rep + 1}/{cfg['reps']}")
+            for row in U.rotate([QCOPY, OURS], rep):
+                breakdown[str(n)][row].append(overlap_breakdown(row, n))
+    data = {"sizes": cfg["sizes"], "n": nbatches, "us_per_batch": us, "faults_per_batch": faults,
+            "handed_over_copied": counts,
+            "overlap_breakdown": breakdown}
+    return {"tables": _tables(data), "verdicts": _verdicts(data), "data": data}
 
 
-def report(res):
-    if not res["cases"]:
-        return [f"[handover] skipped: {res.get('skipped')}"]
-    p = res["params"]
-    out = [(f"[handover] µs per batch, median ±half-IQR over {p['reps']} interleaved repetitions "
-            f"(depth={DEPTH}; load average at the end {res['load'][0]:.1f}: shared machine, noisy).")]
-    cases = list(res["cases"])
-    for size in p["sizes"]:
-        cs = [c for c in cases if res["cases"][c]["size"] == size]
-        header = ["row"] + [c.split(", ", 1)[1] for c in cs]
-        rows = [[r] + [U.fmt(res["cases"][c]["us_per_batch"][r], 0) for c in cs] for r in ROWS]
-        out.append(f"  {cs[0].split(',')[0]} batches (n per run: "
-                   + ", ".join(str(res['cases'][c]['n']) for c in cs) + ")")
-        out += ["  " + x for x in U.table_lines(header, rows)]
-        rrows = []
-        for key in ("ours/queue", "ours/plain", "ours/always", "workers2/plain"):
-            rrows.append([key] + [f"{res['cases'][c][key]['median']:.2f} "
-                                  f"[{res['cases'][c][key]['min']:.2f}..{res['cases'][c][key]['max']:.2f}]"
-                                  for c in cs])
-        out += ["  " + x for x in U.table_lines(["ratio, median [min..max]"] + header[1:], rrows)]
-        hand = [["leaves handed over / copied (ours)"]
-                + ["{} / {}".format(*res["cases"][c]["leaves_handed_over_copied"].get(OURS, (0, 0)))
-                   for c in cs]]
-        out += ["  " + x for x in U.table_lines([""] + header[1:], hand)]
-    keys = ["eff_alone", "eff_inrun", "perfect_pipeline", "first_batch_ms", "wakeups_ms",
-            "wakeup_median_us", "rest_ms", "sleep_overshoot_pct"]
-    for n, rows in res["overlap"].items():
-        out.append(f"  overlap breakdown, sleep P = C = 2 ms, N = {n}, depth={DEPTH} (median of "
-                   f"{p['reps']}; ms unless marked)")
-        table = [[row] + [f"{sorted(r[k] for r in reps)[len(reps) // 2]:.3f}" for k in keys]
-                 for row, reps in rows.items()]
-        out += ["  " + x for x in U.table_lines(["row"] + keys, table)]
-    t = res["targets"]
-    out.append("  targets: fresh within 1.10x queue: " + str(t["fresh_within_1.10x_queue"]["met"])
-               + "; fresh never slower than plain (consumer works): "
-               + str(t["fresh_not_slower_than_plain_when_working"]["met"]))
-    return out
+def _ratio(data, case, a, b):
+    return S.interval(S.ratios(data["us_per_batch"][case][a], data["us_per_batch"][case][b]))
 
 
-def main(argv=None):
-    return U.section_main(__doc__, default_cfg, run, report, steps, argv=argv,
-                          options=[("reps", int)])
+def _verdicts(data):
+    cases = list(data["us_per_batch"])
+    fresh = [c for c in cases if ", fresh," in c]
+    works = [c for c in fresh if c.endswith("works")]
+    refilled = [c for c in cases if ", refilled," in c]
+    vq = {c: _ratio(data, c, OURS, QUEUE) for c in fresh}
+    vp = {c: _ratio(data, c, OURS, PLAIN) for c in works}
+    vr = {c: _ratio(data, c, OURS, ALWAYS) for c in refilled}
+    worst = max(vq, key=lambda c: vq[c].median)
+    worst_p = max(vp, key=lambda c: vp[c].median)
+    return [
+        S.Verdict(f"fresh batches: prefetch within {GOAL_QUEUE}x of a no-copy thread prefetcher",
+                  f"worst {vq[worst].text()} ({worst})",
+                  S.combine(S.judge(v, GOAL_QUEUE, higher_is_better=False) for v in vq.values()),
+                  "; ".join(f"{c}: {v.text()}" for c, v in vq.items())),
+        S.Verdict("fresh batches, consumer works: prefetch not slower than the plain loop",
+                  f"worst {vp[worst_p].text()} ({worst_p})",
+                  S.combine(S.judge(v, GOAL_PLAIN, higher_is_better=False) for v in vp.values()),
+                  "; ".join(f"{c}: {v.text()}" for c, v in vp.items())),
+        # Informational: both rows copy, so the ratio should sit at 1.
+        S.Verdict('refilled buffer: default costs what copy="always" costs (ratio ~ 1)',
+                  "; ".join(f"{c}: {v.text()}" for c, v in vr.items()), S.NOT_RUN,
+                  "not a threshold: both rows copy every leaf"),
+    ]
 
 
-if __name__ == "__main__":
-    main()
+def _tables(data):
+    lines = []
+    for size in data["sizes"]:
+        cs = [c for c in data["us_per_batch"] if c.startswith(U.human_bytes(size) + ",")]
+        head = [f"{U.human_bytes(size)} batches: µs per batch, median [95% interval]"] + [
+            c.split(", ", 1)[1] + f" (n={data['n'][c]})" for c in cs]
+        tab = [[r] + [S.interval(data["us_per_batch"][c][r]).text(0) for c in cs] for r in ROWS]
+        tab += [[f"ratio {a} / {b}"] + [_ratio(data, c, a, b).text() for c in cs]
+                for a, b in ((OURS, QUEUE), (OURS, PLAIN), (OURS, ALWAYS), (W2, PLAIN))]
+        tab += [[f"page faults per batch, {r}"] + [f"{float(np.median(data['faults_per_batch'][c][r])):.0f}"
+                                                   for c in cs] for r in ROWS]
+        tab += [["leaves handed over / copied, default"]
+                + ["{} / {}".format(*data["handed_over_copied"].get(c, (0, 0))) for c in cs]]
+        lines += U.table_lines(head, tab) + [""]
+    for n, rows in data["overlap_breakdown"].items():
+        keys = list(next(iter(rows.values()))[0])
+        head = [f"overlap, sleep P = C = 2 ms, N = {n}, depth {DEPTH} (median)"] + list(rows)
+        tab = [[k] + [f"{float(np.median([r[k] for r in reps])):.3f}" for reps in rows.values()]
+               for k in keys]
+        lines += U.table_lines(head, tab) + [""]
+    return lines
