@@ -41,7 +41,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
-SECTIONS = ["handoff", "copy", "memory", "overlap", "mx_engine", "mx_e2e", "torch", "tree"]
+SECTIONS = ["handoff", "handover", "copy", "memory", "overlap", "mx_engine", "mx_e2e", "torch", "tree"]
 
 try:
     import _stats as S  # needs scipy

@@ -118,6 +118,8 @@ pf_block *pf_pool_get(pf_pool *p, size_t nbytes) {
         pf_sync_unlock(&p->sync);
         return NULL;
     }
+    /* Last in, first out: the block released most recently (typically the
+     * batch the consumer just dropped) is the likeliest to be in cache. */
     pf_block *b = p->free[cls];
     if (b) {
         PF_ASSERT(b->pool == p && b->size_class == cls && p->free_bytes >= b->capacity);

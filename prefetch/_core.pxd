@@ -70,6 +70,9 @@ cdef class _Block:
     cdef pf_block *blk
 
 
+from cpython.object cimport PyObject
+
+
 cdef class CopyPlan:
     # One batch's copies (_copy.pxi): pool blocks taken and memcpy jobs queued
     # while the tree is walked (GIL held), run afterwards without the GIL.
@@ -79,7 +82,15 @@ cdef class CopyPlan:
     cdef size_t _jobs_cap
     cdef list _strided             # (out, src) pairs copied by numpy
     cdef list _sources             # arrays the queued memcpys read: alive until _run
-    cdef uint64_t nbytes           # bytes of the batch being planned
+    cdef uint64_t nbytes           # bytes of the batch being planned: copied + handed over
+    cdef uint64_t handed_bytes     # of which handed over (SPEC §3 rule 1)
+    cdef uint64_t copied_leaves
+    cdef uint64_t handed_leaves
+    cdef set _sole                 # addresses of the leaves _find_sole proved only the batch holds
+    cdef PyObject **_todo          # _find_sole's stack (borrowed pointers)
+    cdef Py_ssize_t _todo_cap
+    cdef PyObject **_found         # _find_sole's finds (borrowed pointers)
+    cdef Py_ssize_t _found_cap
     cdef readonly object device    # the Delivery, or None
     cdef set closers               # close hooks of the leaf adapters used (run once at close)
     cdef list _deliver_idx         # leaves to hand to device.deliver (only with a device)
@@ -87,6 +98,9 @@ cdef class CopyPlan:
     cdef object __weakref__        # adapters may keep per-prefetcher state keyed by the plan
 
     cdef void _reset(self)
+    cdef void _find_sole(self, PyObject *root) except *
+    cdef bint _is_sole(self, object obj)
+    cdef object _hand_over(self, object obj, size_t nbytes)
     cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)
     cdef object _copy_array(self, object a)
     cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *
@@ -123,7 +137,11 @@ cdef class _Core:
     # counters (each written by one thread, read under the GIL)
     cdef uint64_t _produced
     cdef uint64_t _consumed
+    cdef bint _handover            # copy="auto": hand over what _find_sole proves sole
     cdef uint64_t _bytes_copied
+    cdef uint64_t _bytes_handed
+    cdef uint64_t _leaves_copied
+    cdef uint64_t _leaves_handed
     cdef int64_t _consumer_wait_ns
     cdef int64_t _producer_wait_ns
     cdef uint64_t _peak_fill

@@ -72,7 +72,8 @@ def _live_counts():
 
 @cython.final
 cdef class _Core:
-    def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, delivery):
+    def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, delivery,
+                  bint handover=False):
         global _live_cores
         cdef int rc = PF_OK
         _live_cores += 1
@@ -87,6 +88,7 @@ cdef class _Core:
         self.depth = depth
         self.workers = workers
         self._max_bytes = max_bytes
+        self._handover = handover
         self._slots = [None] * depth
         self._doing = DOING_START
         self._ring = pf_ring_new(depth, max_bytes, -1, &rc)
@@ -201,11 +203,18 @@ cdef class _Core:
     # -- copying ------------------------------------------------------------
 
     cdef object _copy_batch(self, object item):
-        """The fresh copy of ``item``: walk, copy, deliver, rebuild."""
+        """The fresh copy of ``item``: walk, copy (or hand over), deliver, rebuild.
+
+        ``item`` is what next(source) returned; _run's variable is its one
+        reference here when the source kept none (a cdef argument is borrowed),
+        which is what plan._find_sole counts on (SPEC §3 rule 1)."""
         cdef CopyPlan plan = self._plan
         cdef list leaves = []
         cdef Py_ssize_t i
+        cdef uint64_t copied
         plan._reset()
+        if self._handover:
+            plan._find_sole(<PyObject *>item)
         nodes = _flatten(item, plan, leaves)
         plan._run(&self._copier)
         if self._delivery is not None:
@@ -213,15 +222,19 @@ cdef class _Core:
             for i in plan._deliver_idx:
                 leaves[i] = self._delivery.deliver(leaves[i])
             self._delivery.ready()
-        self._bytes_copied += plan.nbytes
-        if plan.nbytes > self._max_batch_bytes and self._pool != NULL:
+        copied = plan.nbytes - plan.handed_bytes   # adapters add to nbytes what they copy
+        self._bytes_copied += copied
+        self._bytes_handed += plan.handed_bytes
+        self._leaves_copied += plan.copied_leaves
+        self._leaves_handed += plan.handed_leaves
+        if copied > self._max_batch_bytes and self._pool != NULL:
             # Keep enough free blocks for the ring, the batch being filled and
             # a few the user holds, of mixed sizes (blocks are binned by size
             # class): 2 x (depth + 2) of the largest batch. With 1x, bench/soak.py
             # (4 shapes, 3 batches held) re-allocated 1.3% of blocks for ever;
             # with 2x, 3 blocks in 21,730 batches. A dropped hoard is still freed.
-            self._max_batch_bytes = plan.nbytes
-            pf_pool_set_keep(self._pool, 2 * (self.depth + 2) * plan.nbytes)
+            self._max_batch_bytes = copied
+            pf_pool_set_keep(self._pool, 2 * (self.depth + 2) * copied)
         return _unflatten(nodes, leaves)
 
     # -- consumer -----------------------------------------------------------
@@ -363,6 +376,9 @@ cdef class _Core:
             produced=self._produced,
             consumed=self._consumed,
             bytes_copied=self._bytes_copied,
+            leaves_copied=self._leaves_copied,
+            bytes_handed_over=self._bytes_handed,
+            leaves_handed_over=self._leaves_handed,
             consumer_wait_s=self._consumer_wait_ns / 1e9,
             producer_wait_s=self._producer_wait_ns / 1e9,
             fill=self._produced - self._consumed if not self.closed else 0,

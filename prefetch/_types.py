@@ -20,7 +20,7 @@ class Stats:
     produced, consumed : int
         Batches published by the fetch thread / handed to the consumer.
     bytes_copied : int
-        Bytes of array data copied.
+        Bytes of array data copied into pooled memory.
     consumer_wait_s : float
         Time the consumer spent waiting for a batch (the producer is the bottleneck).
     producer_wait_s : float
@@ -32,6 +32,12 @@ class Stats:
     blocks_allocated, blocks_reused : int
         Pool blocks freshly allocated / served again from the pool. In a steady
         state only ``blocks_reused`` grows.
+    leaves_copied : int
+        Array leaves (numpy or a registered type) copied.
+    leaves_handed_over, bytes_handed_over : int
+        Array leaves, and their bytes, handed over without a copy because only
+        the prefetcher could reach them (``copy="auto"``; SPEC §3 rule 1).
+        ``max_bytes`` counts these bytes as well as the copied ones.
     """
 
     produced: int
@@ -44,3 +50,6 @@ class Stats:
     depth: int
     blocks_allocated: int
     blocks_reused: int
+    leaves_copied: int = 0
+    leaves_handed_over: int = 0
+    bytes_handed_over: int = 0

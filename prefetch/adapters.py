@@ -76,8 +76,12 @@ def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
         as the wrapper lives, and do not read it. ``plan.device`` is the
         prefetcher's :class:`Delivery`, or None.
     exclusive : callable(leaf) -> bool, optional
-        True only when nothing but the prefetcher can reach the leaf's memory;
-        such a leaf may be handed over as is, without a copy.
+        Asked (fetch thread, GIL held) only about a leaf the core has already
+        proven that nothing but the batch references (with ``copy="auto"``);
+        return ``True`` (exactly) only when the leaf's memory is reachable
+        through that object alone (no view, base, shared storage, export or
+        other wrapper of it), and the leaf is handed over as is, without a
+        copy (SPEC §3 rule 1). Anything else, or no hook, means copy.
     close : callable() -> None, optional
         Run once by ``close()`` of every prefetcher that copied such a leaf,
         after its queued batches were dropped (e.g. an engine sync).

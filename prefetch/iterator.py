@@ -41,6 +41,18 @@ def _check_int(arg: str, value: Any, minimum: int, maximum: int) -> int:
     return number
 
 
+COPY_MODES = ("auto", "always")
+
+
+def _check_copy(value: Any) -> bool:
+    """True when leaves may be handed over (copy="auto")."""
+    if not isinstance(value, str):
+        raise TypeError(f"copy must be 'auto' or 'always', got {value!r} ({type(value).__name__})")
+    if value not in COPY_MODES:
+        raise ValueError(f"copy must be 'auto' or 'always', got {value!r}")
+    return value == "auto"
+
+
 def _check_timeout(value: Any) -> Optional[float]:
     if value is None:
         return None
@@ -75,7 +87,8 @@ def _collected(core: _Core, created_at: tuple[str, int]) -> None:
 
 
 class Prefetcher(_Iterator, Generic[T]):
-    """Produce the batches of ``source`` ahead of the consumer, as fresh copies.
+    """Produce the batches of ``source`` ahead of the consumer, as fresh arrays
+    that nothing else can reach.
 
     Iterating again after the stream ended starts a new epoch when ``source``
     is re-iterable (a list, a DataLoader: ``iter(source)`` returns a new
@@ -98,9 +111,20 @@ class Prefetcher(_Iterator, Generic[T]):
     timeout : float or None
         Longest wait for one batch in ``next()``; past it ``TimeoutError``.
     max_bytes : int or None
-        Cap on the bytes of the batches waiting in the ring.
+        Cap on the bytes of the batches waiting in the ring (copied or handed over).
     name : str or None
         Shown in ``repr``, errors and the worker thread's name.
+    copy : {"auto", "always"}, default "auto"
+        ``"auto"``: an array leaf that only the prefetcher can reach is handed
+        over as is, without a copy: an exact ``numpy.ndarray`` that owns its
+        memory (allocated by numpy, no base), is C-contiguous, aligned and
+        writeable, holds no object references, has no weak reference and never
+        exported a buffer, and that the source no longer references, directly
+        or through the tuples, lists and dicts it sits in; so is a registered
+        leaf whose adapter's ``exclusive`` hook proves the same. Typically a
+        batch the source built afresh (``yield np.stack(samples)``). Every
+        other array leaf is copied into pooled memory (SPEC §3 rule 1).
+        ``"always"``: copy every array leaf into pooled memory.
 
     Raises
     ------
@@ -113,11 +137,13 @@ class Prefetcher(_Iterator, Generic[T]):
 
     def __init__(self, source: Iterable[T], depth: int = 4, *, workers: int = 1,
                  device: Any = None, timeout: Optional[float] = None,
-                 max_bytes: Optional[int] = None, name: Optional[str] = None) -> None:
+                 max_bytes: Optional[int] = None, name: Optional[str] = None,
+                 copy: str = "auto") -> None:
         depth = _check_int("depth", depth, 1, MAX_DEPTH)
         workers = _check_int("workers", workers, 1, MAX_WORKERS)
         self._timeout = _check_timeout(timeout)
         cap = 0 if max_bytes is None else _check_int("max_bytes", max_bytes, 1, MAX_BYTES)
+        handover = _check_copy(copy)
         if name is None:
             name = f"prefetch-{next(_names)}"
         elif not isinstance(name, str):
@@ -131,7 +157,7 @@ class Prefetcher(_Iterator, Generic[T]):
         # A re-iterable source is kept for later epochs and len(); a one-shot
         # iterator is not (it would keep its last batch alive after close()).
         self._source: Optional[Iterable[T]] = None if iterator is source else source
-        self._options = (depth, workers, cap, name, delivery)
+        self._options = (depth, workers, cap, name, delivery, handover)
         caller = sys._getframe(1)
         self._created_at = (caller.f_code.co_filename, caller.f_lineno)
         self._start(iterator)

@@ -70,9 +70,11 @@ def test_held_batch_is_never_rewritten():
 
 
 def test_blocks_are_reused_only_after_the_user_drops_them():
-    """§3 rule 2 and §5: the pool recycles dropped batches; no new allocation in steady state."""
+    """§3 rule 2 and §5: the pool recycles dropped batches; no new allocation in steady state.
+    (copy="always": fresh arrays would be handed over, §3 rule 1, and never touch the pool.)"""
     n = 400
-    with Prefetcher((np.full(4096, i % 256, np.uint8) for i in range(n)), depth=2) as p:
+    with Prefetcher((np.full(4096, i % 256, np.uint8) for i in range(n)), depth=2,
+                    copy="always") as p:
         ptrs = set()
         for i, b in enumerate(p):
             assert b[0] == i % 256
@@ -269,10 +271,12 @@ def test_iter_returns_self_and_len_follows_source():
             len(p)
 
 
-def test_stats_snapshot_counts_batches_bytes_and_fill():
-    """§2 stats(): frozen, with produced/consumed/bytes and fill never above depth."""
+@pytest.mark.parametrize("copy", ["auto", "always"])
+def test_stats_snapshot_counts_batches_bytes_and_fill(copy):
+    """§2 stats(): frozen, with produced/consumed/bytes and fill never above depth; fresh
+    arrays are handed over by default (§3 rule 1), copied with copy="always"."""
     n, depth = 200, 3
-    with Prefetcher((np.zeros(128, np.uint8) for _ in range(n)), depth=depth) as p:
+    with Prefetcher((np.zeros(128, np.uint8) for _ in range(n)), depth=depth, copy=copy) as p:
         for _ in p:
             pass
         s = p.stats()
@@ -280,7 +284,10 @@ def test_stats_snapshot_counts_batches_bytes_and_fill():
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.produced = 0
     assert s.produced == s.consumed == n
-    assert s.bytes_copied == 128 * n
+    handed = copy == "auto"
+    assert s.bytes_copied == (0 if handed else 128 * n)
+    assert s.bytes_handed_over == (128 * n if handed else 0)
+    assert (s.leaves_copied, s.leaves_handed_over) == ((0, n) if handed else (n, 0))
     assert 1 <= s.peak_fill <= depth and s.fill == 0
     assert s.consumer_wait_s >= 0 and s.producer_wait_s >= 0
 

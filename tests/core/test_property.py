@@ -413,8 +413,8 @@ def test_refilled_buffer_batches_are_distinct_and_held_ones_never_change(base, n
 @settings(max_examples=100, **SETTINGS)
 @given(sizes=st.lists(st.integers(0, 1 << 16), min_size=1, max_size=40), **CONFIG)
 def test_stats_count_every_batch_and_byte(sizes, depth, workers, max_bytes):
-    """§2: produced/consumed count batches, bytes_copied their bytes; fill and peak_fill
-    never exceed depth."""
+    """§2: produced/consumed count batches, bytes_copied + bytes_handed_over their bytes
+    (§3 rule 1: fresh arrays are handed over); fill and peak_fill never exceed depth."""
     with Prefetcher((np.ones(s, np.uint8) for s in sizes), depth=depth, workers=workers,
                     max_bytes=max_bytes) as p:
         for _ in p:
@@ -422,7 +422,8 @@ def test_stats_count_every_batch_and_byte(sizes, depth, workers, max_bytes):
             assert 0 <= s.fill <= s.peak_fill <= depth
         s = p.stats()
     assert s.produced == s.consumed == len(sizes)
-    assert s.bytes_copied == sum(sizes)
+    assert s.bytes_copied + s.bytes_handed_over == sum(sizes)
+    assert s.leaves_copied + s.leaves_handed_over == len(sizes)
     assert s.peak_fill <= depth
 
 
