@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import RefillingSource
 
 import prefetch
 from prefetch import Prefetcher
+from support import RefillingSource
 
 SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 
