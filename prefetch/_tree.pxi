@@ -30,6 +30,7 @@ cdef extern from "Python.h":
     int PyObject_GenericSetDict(object o, object value, void *context) except -1
     unsigned long PyType_GetFlags(PyTypeObject *t)
     enum: Py_TPFLAGS_HEAPTYPE
+    enum: Py_TPFLAGS_IMMUTABLETYPE
 
 cdef enum Kind:
     K_PASS          # a plain leaf: handed out as the same object
@@ -98,13 +99,20 @@ cdef bint _is_heap(type t):
     return PyType_GetFlags(<PyTypeObject *>t) & Py_TPFLAGS_HEAPTYPE != 0
 
 
+cdef bint _is_python_class(type t):
+    # A class statement makes a mutable heap type. C types are static or, since
+    # 3.12 for many stdlib ones (defaultdict, deque), immutable heap types.
+    cdef unsigned long flags = PyType_GetFlags(<PyTypeObject *>t)
+    return flags & Py_TPFLAGS_HEAPTYPE and not flags & Py_TPFLAGS_IMMUTABLETYPE
+
+
 cdef object _layout(type t, type builtin):
     """The _Layout of ``t`` (a subclass of ``builtin``), or None when its state
     cannot be reached faithfully by name (a slot shadowed by a subclass)."""
     cdef _Layout lay = _Layout.__new__(_Layout)
     solid = object
     for c in t.__mro__:             # the first C type: the instances' memory layout
-        if not _is_heap(c) or c is builtin:
+        if not _is_python_class(c) or c is builtin:
             solid = c
             break
     if solid is builtin:
