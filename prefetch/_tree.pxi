@@ -27,7 +27,6 @@ from cpython.tuple cimport PyTuple_GetSlice
 
 cdef extern from "Python.h":
     object PyObject_GenericGetDict(object o, void *context)
-    int PyObject_GenericSetDict(object o, object value, void *context) except -1
     unsigned long PyType_GetFlags(PyTypeObject *t)
     enum: Py_TPFLAGS_HEAPTYPE
     enum: Py_TPFLAGS_IMMUTABLETYPE
@@ -338,7 +337,9 @@ cdef object _rebuild(int kind, object aux, list children):
             new[:] = children[:m]
     d = m
     if names is not None:
-        PyObject_GenericSetDict(new, dict(zip(names, children[m:m + len(names)])), NULL)
+        # Filled in place: PyObject_GenericSetDict loses the values on 3.13.0
+        # (objects with inline values).
+        (<dict>PyObject_GenericGetDict(new, NULL)).update(zip(names, children[m:m + len(names)]))
         d += len(names)
     if slots is not None:
         for name, v in zip(slots, children[d:]):
