@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 
 class ClosedError(RuntimeError):
-    """``next()`` was called on a prefetcher after ``close()`` (SPEC §2).
+    """``next()`` was called on a prefetcher after ``close()``.
 
     A loop over a closed prefetcher must fail loudly, never end early.
     """
@@ -36,7 +36,7 @@ class Stats:
         Array leaves (numpy or a registered type) copied.
     leaves_handed_over, bytes_handed_over : int
         Array leaves, and their bytes, handed over without a copy because only
-        the prefetcher could reach them (``copy="auto"``; SPEC §3 rule 1).
+        the prefetcher could reach them (``copy="auto"``).
         ``max_bytes`` counts these bytes as well as the copied ones.
     """
 

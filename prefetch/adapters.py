@@ -81,7 +81,7 @@ def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
         return ``True`` (exactly) only when the leaf's memory is reachable
         through that object alone (no view, base, shared storage, export or
         other wrapper of it), and the leaf is handed over as is, without a
-        copy (SPEC §3 rule 1). Anything else, or no hook, means copy.
+        copy. Anything else, or no hook, means copy.
     close : callable() -> None, optional
         Run once by ``close()`` of every prefetcher that copied such a leaf,
         after its queued batches were dropped (e.g. an engine sync).

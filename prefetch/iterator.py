@@ -123,7 +123,7 @@ class Prefetcher(_Iterator, Generic[T]):
         or through the tuples, lists and dicts it sits in; so is a registered
         leaf whose adapter's ``exclusive`` hook proves the same. Typically a
         batch the source built afresh (``yield np.stack(samples)``). Every
-        other array leaf is copied into pooled memory (SPEC §3 rule 1).
+        other array leaf is copied into pooled memory.
         ``"always"``: copy every array leaf into pooled memory.
 
     Raises

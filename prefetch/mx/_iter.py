@@ -293,7 +293,7 @@ class PrefetchingIter(mx.io.DataIter):
 
     def close(self):
         """Stop prefetching, drop what was prefetched, and wait for the engine to
-        free it (SPEC §5); idempotent.  Batches the caller holds stay valid."""
+        free it; idempotent.  Batches the caller holds stay valid."""
         if self._closed:
             return
         self._closed = True
