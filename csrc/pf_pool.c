@@ -1,12 +1,8 @@
 /* pf_pool.c: bodies for pf_pool.h. */
-/* MAP_ANONYMOUS is not in POSIX 2008 (pf_sync.h's level): ask glibc for it. */
-#define _DEFAULT_SOURCE
 #include "pf_pool.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 /* The header sits in the first cache line; data starts on the next one. */
 #define HEADER_BYTES PF_CACHELINE
@@ -68,28 +64,7 @@ pf_pool *pf_pool_new(size_t keep_bytes) {
 
 static void block_free(pf_block *b) {
     atomic_fetch_sub_explicit(&live_blocks, 1, memory_order_relaxed);
-    if (b->mapped) {
-        if (munmap(b, HEADER_BYTES + b->capacity) != 0) pf_fatal("munmap of a pool block", errno);
-    } else {
-        free(b);
-    }
-}
-
-/* A block of cap bytes, or NULL when out of memory; see PF_POOL_MMAP_MIN. */
-static pf_block *block_alloc(size_t cap) {
-    void *mem = NULL;
-    int mapped = HEADER_BYTES + cap >= PF_POOL_MMAP_MIN;
-    if (mapped) {
-        mem = mmap(NULL, HEADER_BYTES + cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (mem == MAP_FAILED) return NULL;   /* page-aligned, so cache-line aligned */
-    } else if (posix_memalign(&mem, PF_CACHELINE, HEADER_BYTES + cap) != 0) {
-        return NULL;
-    }
-    pf_block *b = mem;
-    b->mapped = (unsigned)mapped;
-    b->capacity = cap;
-    b->data = (char *)mem + HEADER_BYTES;
-    return b;
+    free(b);
 }
 
 static void pool_unref(pf_pool *p) {
@@ -130,12 +105,15 @@ pf_block *pf_pool_get(pf_pool *p, size_t nbytes) {
     }
     pf_sync_unlock(&p->sync);
     if (!b) {
-        /* Allocate outside the lock: a large allocation may fault in pages. */
-        b = block_alloc(cap);
-        if (!b) return NULL;
+        /* Allocate outside the lock: a large malloc may fault in pages. */
+        void *mem = NULL;
+        if (posix_memalign(&mem, PF_CACHELINE, HEADER_BYTES + cap) != 0) return NULL;
         atomic_fetch_add_explicit(&live_blocks, 1, memory_order_relaxed);
+        b = mem;
         b->pool = p;
+        b->capacity = cap;
         b->size_class = cls;
+        b->data = (char *)mem + HEADER_BYTES;
         pf_sync_lock(&p->sync);
         p->stats.blocks_allocated++;
         p->stats.blocks_out++;

@@ -27,15 +27,8 @@ typedef struct pf_block {
     struct pf_pool *pool;
     size_t capacity;       /* usable bytes at data */
     unsigned size_class;
-    unsigned mapped;       /* 1: its own mmap (freed with munmap), 0: from malloc */
     void *data;            /* PF_CACHELINE-aligned */
 } pf_block;
-
-/* Blocks this large (header included) are mapped from the OS directly: after
- * glibc frees one large chunk its mmap threshold rises (up to 32 MiB), later
- * chunks come from the heap, and their pages can outlive free(): RSS would
- * not come back after close(). munmap always returns them. */
-#define PF_POOL_MMAP_MIN ((size_t)1 << 20)
 
 typedef struct pf_pool_stats {
     uint64_t blocks_allocated; /* fresh allocations */
