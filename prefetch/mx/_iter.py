@@ -8,7 +8,6 @@ import threading
 import weakref
 
 from prefetch import ClosedError, Prefetcher
-from prefetch.mx import _engine
 from prefetch.mx._device import as_context
 from prefetch.mx._mxnet import mx
 
@@ -35,12 +34,6 @@ class _Feed:
         self.in_round = False
         self.stopped = False  # set by reset()/close(): no round starts after it
         self.done = False     # the iterators ended (or raised): no more rounds
-        # The previous round's NDArrays. A round starts once the engine has
-        # copied them: stricter than the leaf hook's throttle (_ndarray), which
-        # can only wait after next(source); here the source's next batch is not
-        # even asked for until the last one is copied (measured at 19 MB
-        # batches: no page faults, against ~1700 per batch without).
-        self.last = []
 
     def __iter__(self):
         return self
@@ -53,9 +46,6 @@ class _Feed:
                 raise StopIteration
             self.in_round = True
         try:
-            last, self.last = self.last, []
-            _engine.wait_unused(last)
-            del last
             batch = self.round()
         finally:
             with self.cond:
@@ -63,7 +53,6 @@ class _Feed:
                 self.cond.notify_all()
         if batch is None:
             raise StopIteration
-        self.last = [x for x in batch.data + batch.label if isinstance(x, mx.nd.NDArray)]
         return batch
 
     def round(self):
@@ -107,7 +96,6 @@ class _Feed:
         on a stuck source, the prefetcher's close() bounds that)."""
         with self.cond:
             self.stopped = True
-            self.last = []
             self.cond.notify_all()
             try:
                 while wait and self.in_round:
