@@ -139,7 +139,6 @@ cdef GetContext _get_context = <GetContext>_address("MXNDArrayGetContext")
 cdef Invoke _invoke = <Invoke>_address("MXImperativeInvoke")
 cdef FromDLPack _from_dlpack = <FromDLPack>_address("MXNDArrayFromDLPackEx")
 cdef OneHandle _free = <OneHandle>_address("MXNDArrayFree")
-cdef OneHandle _wait_to_write = <OneHandle>_address("MXNDArrayWaitToWrite")
 cdef OneHandle _wait_to_read = <OneHandle>_address("MXNDArrayWaitToRead")
 cdef NoArgs _wait_all = <NoArgs>_address("MXNDArrayWaitAll")
 cdef LastError _last_error = <LastError>_address("MXGetLastError")
@@ -395,12 +394,6 @@ cdef _wait(list nds, OneHandle wait):
             _error()
     finally:
         free(hs)
-
-
-def wait_unused(list nds):
-    """Return when no engine op still reads or writes the (large) NDArrays in
-    ``nds`` (MXNDArrayWaitToWrite): e.g. a batch's copies have read its source."""
-    _wait(nds, _wait_to_write)
 
 
 def wait_written(list nds):
