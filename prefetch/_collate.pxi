@@ -79,11 +79,10 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
                 col.out = _pooled_array(pool.p, <cnp.PyArray_Descr *><void *>dtype, 1, dims,
                                          n * (<cnp.dtype>dtype).itemsize)
             else:
-                found = _kind_of(col.leaf_type)
-                handler = (<tuple>found)[1]
-                if (<tuple>found)[0] == K_LEAF and len(handler) > 3 and handler[3] is not None:
-                    col.as_numpy = handler[3]
-                    col.from_numpy = handler[4]
+                _kind_of(col.leaf_type)   # imports the type's adapter, which registers its collate
+                handler = _collate_of(col.leaf_type)
+                if handler is not None:
+                    col.as_numpy, col.from_numpy = handler
                     arr = col.as_numpy(leaf)
                     if type(arr) is not cnp.ndarray:
                         raise TypeError(f"as_numpy of {col.leaf_type.__name__} returned "

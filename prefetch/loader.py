@@ -19,8 +19,17 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Op
 import numpy as np
 
 from prefetch import adapters
-from prefetch._core import (MAP_CUSTOM, MAP_SINGLE, MAP_STACK, _Core, _EpochSource, _MapStage, _Pool,
-                            sample_rng, worker_info)
+from prefetch._core import (
+    MAP_CUSTOM,
+    MAP_SINGLE,
+    MAP_STACK,
+    _Core,
+    _EpochSource,
+    _MapStage,
+    _Pool,
+    sample_rng,
+    worker_info,
+)
 from prefetch._lifecycle import _Lifecycle
 from prefetch._types import ClosedError, Stats
 from prefetch.iterator import MAX_BYTES, MAX_DEPTH, MAX_WORKERS, _check_int, _check_timeout, _names

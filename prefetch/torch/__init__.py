@@ -6,7 +6,7 @@ point ``prefetch.adapters: torch``) the first time a batch holds a torch
 object or ``device=`` is a ``torch.device``, and importing it registers the
 Tensor and device types. Importing it yourself is never needed.
 """
-from prefetch.torch import _device, _tensor  # noqa: F401  (register their types)
+from prefetch.torch import _collate, _device, _tensor  # noqa: F401  (register their types)
 from prefetch.torch._device import CpuDelivery, CudaDelivery
 from prefetch.torch._tensor import copy_tensor
 
