@@ -31,6 +31,12 @@ from prefetch._types import ClosedError, WorkerInfo
 
 cnp.import_array()
 
+# Blocking waits wake up this often to notice Ctrl-C, close() and timeouts
+# (SPEC §4 asks for KeyboardInterrupt within 0.2 s).
+cdef int64_t WAIT_SLICE_NS = 50 * 1000 * 1000
+cdef double WAIT_SLICE_S = WAIT_SLICE_NS / 1e9
+CLOSE_GRACE_S = 2.0
+
 include "_errors.pxi"
 include "_tree.pxi"
 include "_pool.pxi"
@@ -38,11 +44,6 @@ include "_copy.pxi"
 include "_collate.pxi"
 include "_map.pxi"
 
-# Blocking waits wake up this often to notice Ctrl-C, close() and timeouts
-# (SPEC §4 asks for KeyboardInterrupt within 0.2 s).
-cdef int64_t WAIT_SLICE_NS = 50 * 1000 * 1000
-cdef double WAIT_SLICE_S = WAIT_SLICE_NS / 1e9
-CLOSE_GRACE_S = 2.0
 
 cdef enum Doing:
     DOING_START
@@ -77,7 +78,7 @@ def _live_counts():
 @cython.final
 cdef class _Core:
     def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, delivery,
-                  bint handover=False, _Pool pool=None, bint owned=False, wake=None):
+                  bint handover=True, _Pool pool=None, bint owned=False, wake=None):
         global _live_cores
         cdef int rc = PF_OK
         _live_cores += 1
@@ -373,8 +374,6 @@ cdef class _Core:
         # Each adapter used returns the memory behind the dropped batches
         # (e.g. an engine sync), once: the same hook is in the set once.
         closers = set(self._plan.closers)
-        if self._delivery is not None:
-            closers.add(self._delivery.close)
         try:
             for close_hook in closers:
                 close_hook()

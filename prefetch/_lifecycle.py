@@ -15,7 +15,7 @@ import warnings
 import weakref
 from typing import Any, Optional
 
-from prefetch._core import CLOSE_GRACE_S, _Core, _Iterator, _Pool
+from prefetch._core import _Core, _Iterator
 from prefetch._types import Stats
 
 _exiting = False   # set at interpreter exit: no ResourceWarning then
@@ -46,11 +46,8 @@ def _close_all(core: Optional[_Core], owned: tuple[Any, ...]) -> None:
         if core is not None:
             core.close()
     finally:
-        for thing in owned:
-            if isinstance(thing, _Pool):
-                thing.close()
-            else:
-                thing.close(CLOSE_GRACE_S)
+        for thing in owned:   # a loader's stage, a device delivery, the pool: in that order
+            thing.close()
 
 
 class _Lifecycle(_Iterator):
@@ -91,7 +88,10 @@ class _Lifecycle(_Iterator):
         Idempotent and safe from any thread. Batches the user still holds stay
         valid; their memory is freed when they are collected.
         """
-        _close_all(self._core, self._owned)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        owned, self._owned = self._owned, ()   # closed once, however often close() is called
+        _close_all(self._core, owned)
 
     @property
     def closed(self) -> bool:

@@ -131,7 +131,7 @@ class Prefetcher(_Lifecycle, Generic[T]):
         # iterator is not (it would keep its last batch alive after close()).
         self._source: Optional[Iterable[T]] = None if iterator is source else source
         pool = _Pool()   # shared by the epochs: a new epoch reuses warm blocks
-        self._owned = (pool,)
+        self._owned = (pool,) if delivery is None else (delivery, pool)
         self._options = (depth, workers, cap, name, delivery, handover, pool)
         self._remember_caller()
         self._start(iterator)

@@ -114,8 +114,8 @@ class _Threaded(_Lifecycle):
         # sample its own stream.
         self._seed = int.from_bytes(os.urandom(16), "little") if seed is None else seed
         pool = _Pool()
-        self._stage = _MapStage(load, mode, collate, pool, name, worker_init, self._seed, ordered)
-        self._owned = (self._stage, pool)
+        self._stage = _MapStage(load, mode, collate, pool, name, worker_init, self._seed, ordered, depth)
+        self._owned = (self._stage, pool) if delivery is None else (self._stage, delivery, pool)
         self._mode = mode
         self._name = name
         self._core_options = (depth, 1, cap, name, delivery, True, pool, mode == MAP_STACK)
