@@ -12,6 +12,7 @@ import itertools
 import math
 import numbers
 import sys
+import threading
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Optional, Sized, TypeVar
@@ -139,6 +140,9 @@ class Prefetcher(_Iterator, Generic[T]):
                  device: Any = None, timeout: Optional[float] = None,
                  max_bytes: Optional[int] = None, name: Optional[str] = None,
                  copy: str = "auto") -> None:
+        # Serialises starting an epoch with close() and with other threads'
+        # iter(); re-entrant for a signal handler that calls either.
+        self._epoch_lock = threading.RLock()
         depth = _check_int("depth", depth, 1, MAX_DEPTH)
         workers = _check_int("workers", workers, 1, MAX_WORKERS)
         self._timeout = _check_timeout(timeout)
@@ -176,14 +180,24 @@ class Prefetcher(_Iterator, Generic[T]):
 
     def __iter__(self) -> "Prefetcher[T]":
         core = self._core
-        if core is not None and core.state == "ended":
+        if core is None or core.state != "ended":
+            return self   # the epoch runs on: this loop joins it
+        with self._epoch_lock:
             if self._source is None:
                 raise RuntimeError(
                     f"{self!r} has ended and its source is a one-shot iterator; to loop "
                     "over several epochs, pass a re-iterable source (a list, a DataLoader)")
-            self._finalizer.detach()
-            core.close()
-            self._start(iter(self._source))
+            if self._core is core and core.state == "ended":
+                iterator = iter(self._source)
+                # Checked again: a signal handler may have started an epoch
+                # (or closed this one) inside iter(source).
+                if self._core is core and core.state == "ended":
+                    finalizer = self._finalizer
+                    # The new core first, then the old one closed: a next()
+                    # in another thread never meets a closed core in between.
+                    self._start(iterator)
+                    finalizer.detach()
+                    core.close()
         return self
 
     if TYPE_CHECKING:
@@ -204,9 +218,10 @@ class Prefetcher(_Iterator, Generic[T]):
         Idempotent and safe from any thread. Batches the user still holds stay
         valid; their memory is freed when they are collected.
         """
-        core = self._core
-        if core is not None:
-            core.close()
+        if self._core is None:
+            return   # __init__ did not complete
+        with self._epoch_lock:   # else an epoch starting meanwhile would stay open
+            self._core.close()
 
     @property
     def closed(self) -> bool:
