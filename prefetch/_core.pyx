@@ -381,9 +381,19 @@ cdef class _Core:
             return
         # Re-entrant: a signal handler's close() inside this thread's close()
         # finishes the teardown itself rather than wait for the outer one.
-        with self._close_lock:
+        if threading.current_thread() is self._thread:
+            # The worker (a source closing its prefetcher): another close()
+            # may be joining this very thread; waiting for it would only
+            # spend its grace period.
+            if not self._close_lock.acquire(False):
+                return
+        else:
+            self._close_lock.acquire()
+        try:
             if not self._torn_down:
                 self._tear_down(grace)
+        finally:
+            self._close_lock.release()
 
     cdef _tear_down(self, double grace):
         """close()'s work, under _close_lock. Each step may run again after an

@@ -96,6 +96,17 @@ class Prefetcher(_Iterator, Generic[T]):
     iterator); over a one-shot iterator it raises ``RuntimeError`` instead of
     silently yielding nothing.
 
+    Several threads may share one prefetcher, as they would a queue: each
+    batch goes to exactly one of them. ``iter()`` joins the epoch that is
+    running and starts the next one only once the stream ended, so threads
+    that each loop over the epochs share every epoch between them. A
+    ``next()`` still waiting when the stream ended (another thread took the
+    end, and may have started the next epoch) raises ``StopIteration``: it
+    ends with its epoch and never returns a batch of the next one.
+    ``ClosedError`` comes only from ``close()``. A signal handler that calls
+    ``next()`` while its thread waits in ``next()`` gets ``RuntimeError``
+    (the inner call would wait for the outer one forever).
+
     Parameters
     ----------
     source : iterable
@@ -140,9 +151,10 @@ class Prefetcher(_Iterator, Generic[T]):
                  device: Any = None, timeout: Optional[float] = None,
                  max_bytes: Optional[int] = None, name: Optional[str] = None,
                  copy: str = "auto") -> None:
-        # Serialises starting an epoch with close() and with other threads'
-        # iter(); re-entrant for a signal handler that calls either.
+        # Serialises starting an epoch with other threads' iter(); re-entrant
+        # for a signal handler that calls iter() inside iter().
         self._epoch_lock = threading.RLock()
+        self._closing = False   # close() was called: an epoch starting meanwhile closes too
         depth = _check_int("depth", depth, 1, MAX_DEPTH)
         workers = _check_int("workers", workers, 1, MAX_WORKERS)
         self._timeout = _check_timeout(timeout)
@@ -198,6 +210,8 @@ class Prefetcher(_Iterator, Generic[T]):
                     self._start(iterator)
                     finalizer.detach()
                     core.close()
+                    if self._closing:   # close() may have read the old core: close the new one too
+                        self._core.close()
         return self
 
     if TYPE_CHECKING:
@@ -215,13 +229,20 @@ class Prefetcher(_Iterator, Generic[T]):
     def close(self) -> None:
         """Stop the workers, drop unconsumed batches and free the buffers.
 
-        Idempotent and safe from any thread. Batches the user still holds stay
-        valid; their memory is freed when they are collected.
+        Idempotent and safe from any thread and from a signal handler. It
+        returns once all of that is done, also when another thread's
+        ``close()`` began it (this one waits), or, when the source stays stuck
+        in ``next()`` for a grace period, with a ``RuntimeWarning``, leaving
+        that thread as a daemon. A ``close()`` cut short by Ctrl-C is finished
+        by the next call. Batches the user still holds stay valid; their
+        memory is freed when they are collected.
         """
-        if self._core is None:
-            return   # __init__ did not complete
-        with self._epoch_lock:   # else an epoch starting meanwhile would stay open
-            self._core.close()
+        # No lock: a child forked while another thread held one could not
+        # close. An epoch that __iter__ starts meanwhile sees the flag.
+        self._closing = True
+        core = self._core
+        if core is not None:
+            core.close()
 
     @property
     def closed(self) -> bool:

@@ -32,6 +32,12 @@ PRELUDE = textwrap.dedent("""
         frame = sys._current_frames().get(ident)
         return frame is not None and frame.f_code.co_name == "next_"
 
+    def in_join(ident=MAIN):
+        # Thread `ident` joins a thread (close() joining the worker): Thread.join's
+        # frames are its innermost.
+        frame = sys._current_frames().get(ident)
+        return frame is not None and frame.f_code.co_name in ("join", "_wait_for_tstate_lock")
+
     def when_blocked(action, ident=MAIN):
         # Run action() on a helper thread once thread `ident` waits inside next().
         def run():

@@ -9,13 +9,71 @@ PRELUDE), never by sleeping.
 from hang import assert_ok, run_case
 
 
+def test_next_waiting_while_another_thread_starts_the_next_epoch_ends_with_its_epoch():
+    """Item 1: the main thread waits in next() (queued behind another consumer) while
+    that consumer takes the end of the epoch and starts the next one, which closes and
+    drops the old core. The waiting next() keeps its core alive and ends as its epoch
+    did, with StopIteration: no ClosedError, no use of a freed core (whose memory a
+    prefetcher created meanwhile may reuse: a batch of that one came out), no batch of
+    the new epoch. The next loop then gets the new epoch's batch."""
+    assert_ok(run_case("""
+        class Src:
+            # Epoch 0 ends once `release` is set; epoch 1 is one batch [1, 1].
+            def __init__(self):
+                self.release, self.started = threading.Event(), 0
+            def __iter__(self):
+                self.started += 1
+                return self.epoch(self.started - 1)
+            def epoch(self, e):
+                if e == 0:
+                    self.release.wait()
+                    return
+                yield np.full(2, e)
+
+        src = Src()
+        p = Prefetcher(src, depth=1)
+        restarted = threading.Event()
+        def holder():
+            try:
+                next_(p)   # waits holding the consumer lock, gets the end
+            except StopIteration:
+                pass
+            iter(p)        # the epoch ended: start the next one, closing this one
+            restarted.set()
+        t = threading.Thread(target=holder)
+        t.start()
+        # The consumer lock (the core's plain Lock) held: the holder waits for a batch.
+        lock = next(o for o in gc.get_referents(p._core) if type(o) is type(threading.Lock()))
+        while not lock.locked():
+            threading.Event().wait(0.001)
+        others = []
+        def on_usr1(signum, frame):   # runs inside the main thread's waiting next()
+            src.release.set()
+            restarted.wait()
+            # Another prefetcher now: on a freed core's memory, if it was freed.
+            others.append(Prefetcher([np.full(2, 9)] * 3, depth=1))
+        signal.signal(signal.SIGUSR1, on_usr1)
+        when_blocked(lambda: os.kill(os.getpid(), signal.SIGUSR1))
+        try:
+            print(next_(p))
+        except StopIteration:
+            print("stop")
+        except Exception as e:
+            print(repr(e))
+        t.join()
+        print(*[int(b[0]) for b in p])
+        p.close()
+        others[0].close()
+    """), "stop 1")
+
+
 def test_threads_looping_over_epochs_share_each_epoch_exactly_once():
-    """Items 1 and 2: threads that each loop over epochs of one prefetcher over a
-    re-iterable source. A loop's iter() joins the running epoch or, once it ended,
-    starts the next; a next() that waits while another thread starts the next epoch
-    ends with its own epoch (StopIteration), never with ClosedError or a batch of
-    another epoch, and never on a freed core. Every batch of every epoch that was
-    started reaches exactly one thread."""
+    """Item 2: threads that each loop over epochs of one prefetcher over a
+    re-iterable source, none calling close(). A loop's iter() joins the running epoch
+    or, once it ended, starts the next; a next() that waits while another thread
+    starts the next epoch ends with its own epoch (StopIteration), never with
+    ClosedError. Every batch of every epoch that was started reaches exactly one
+    thread."""
     assert_ok(run_case("""
         class Epochs:
             # Re-iterable: each iter() is the next epoch; batch i of epoch e is [e, i].
@@ -64,9 +122,6 @@ def test_interrupted_close_is_finished_by_the_next_close():
         p = Prefetcher(((Leaf(), a) for a in src), depth=2)
         next(p)   # batches go through the pool: one waits in the ring, the worker in the source
         src.entered.wait()
-        def in_join():   # close() joins the worker: Thread.join's frames, innermost
-            frame = sys._current_frames().get(MAIN)
-            return frame is not None and frame.f_code.co_name in ("join", "_wait_for_tstate_lock")
         def interrupt():
             while not in_join():
                 threading.Event().wait(0.001)
@@ -110,6 +165,33 @@ def test_second_close_from_another_thread_waits_for_the_teardown():
         worker.join()
         print(*done, len(warned))
     """), "True True 1")
+
+
+def test_source_closing_its_prefetcher_during_another_close_does_not_wait_for_it():
+    """Item 4, the one exception: the worker's own close() (a source closing its
+    prefetcher) while another thread's close() joins that worker returns at once;
+    waiting for the teardown would only spend the joiner's grace period and end in
+    a false 'worker is stuck' warning."""
+    assert_ok(run_case("""
+        warnings.simplefilter("error", RuntimeWarning)
+        box, go = [], threading.Event()
+        def src():
+            yield np.zeros(1)
+            go.wait()
+            box[0].close()
+            yield np.ones(1)
+        p = Prefetcher(src(), depth=1)
+        box.append(p)
+        next(p)
+        def release():
+            while not in_join():
+                threading.Event().wait(0.001)
+            go.set()
+        threading.Thread(target=release).start()
+        p.close()
+        print(p.closed)
+        box.clear()
+    """), "True")
 
 
 def test_close_from_a_signal_handler_wakes_the_waiting_next_with_closed_error():
