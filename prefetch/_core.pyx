@@ -379,8 +379,6 @@ cdef class _Core:
             # Forked child: the parent's threads and locks are not this process's.
             self._slots = [None] * self.depth
             return
-        # Re-entrant: a signal handler's close() inside this thread's close()
-        # finishes the teardown itself rather than wait for the outer one.
         if threading.current_thread() is self._thread:
             # The worker (a source closing its prefetcher): another close()
             # may be joining this very thread; waiting for it would only
@@ -388,6 +386,8 @@ cdef class _Core:
             if not self._close_lock.acquire(False):
                 return
         else:
+            # Re-entrant: a signal handler's close() inside this thread's
+            # close() finishes the teardown rather than wait for the outer one.
             self._close_lock.acquire()
         try:
             if not self._torn_down:

@@ -138,6 +138,39 @@ def test_interrupted_close_is_finished_by_the_next_close():
     """), "interrupted True [] True ['hook'] 0 0")
 
 
+def test_close_from_a_signal_handler_inside_close_finishes_the_teardown_once():
+    """Items 3 and 4: SIGTERM's handler calls close() while the same thread's close()
+    joins the worker (a `with` block exiting over a slow source). The inner close()
+    does the teardown itself instead of waiting for the outer one (which would never
+    come back); the outer one then returns; the close hooks run once."""
+    assert_ok(run_case("""
+        from prefetch import register_leaf
+
+        warnings.simplefilter("error", RuntimeWarning)
+        class Leaf:
+            pass
+        hooks = []
+        register_leaf(Leaf, lambda leaf, plan: Leaf(), close=lambda: hooks.append("hook"))
+        src = Stuck(ready=1)
+        p = Prefetcher(((Leaf(), a) for a in src), depth=1)
+        next(p)
+        src.entered.wait()
+        def on_term(signum, frame):
+            src.release.set()
+            p.close()
+            print("inner", hooks, flush=True)
+        signal.signal(signal.SIGTERM, on_term)
+        def terminate():
+            while not in_join():
+                threading.Event().wait(0.001)
+            os.kill(os.getpid(), signal.SIGTERM)
+        threading.Thread(target=terminate).start()
+        with p:
+            pass
+        print("outer", hooks)
+    """), "inner ['hook'] outer ['hook']")
+
+
 def test_second_close_from_another_thread_waits_for_the_teardown():
     """Item 4: two threads call close() while the worker is stuck in next(source).
     Neither returns before the teardown is done or the stuck worker was warned about:
