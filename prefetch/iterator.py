@@ -199,7 +199,7 @@ class Prefetcher(_Iterator, Generic[T]):
                 raise RuntimeError(
                     f"{self!r} has ended and its source is a one-shot iterator; to loop "
                     "over several epochs, pass a re-iterable source (a list, a DataLoader)")
-            if self._core is core and core.state == "ended":
+            if self._core is core and core.state == "ended" and not self._closing:
                 iterator = iter(self._source)
                 # Checked again: a signal handler may have started an epoch
                 # (or closed this one) inside iter(source).
