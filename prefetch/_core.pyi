@@ -15,6 +15,7 @@ class CopyPlan:
     device: Any
     batches: int
     def array(self, a: Any) -> Any: ...
+    def copy_state(self, state: Any, source: Any, copy: Any) -> Any: ...
 
 class _Core:
     name: str
