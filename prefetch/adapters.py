@@ -140,21 +140,26 @@ def _declared() -> dict[str, importlib.metadata.EntryPoint]:
 
 
 def _import_adapter_for(t: type) -> bool:
-    """Import the adapter declared for ``t``'s top-level module, if any and not
-    yet imported; True when one was imported (its types are now registered)."""
-    framework = (getattr(t, "__module__", None) or "").partition(".")[0]
+    """Import the adapters declared for the top-level modules of ``t`` and its
+    bases (a user's ``torch.Tensor`` subclass lives in the user's module), if
+    any and not yet imported; True when one was imported (its types are now
+    registered)."""
+    imported = False
     with _lock:
-        ep = _declared().get(framework)
-        if ep is None or framework in _loaded:
-            return False
-        try:
-            ep.load()
-        except ImportError as exc:
-            raise ImportError(
-                f"{t.__module__}.{t.__qualname__} objects need prefetch's adapter for "
-                f"{framework} ({ep.value}), which failed to import: {exc}") from exc
-        _loaded.add(framework)
-        return True
+        for c in t.__mro__:
+            framework = (getattr(c, "__module__", None) or "").partition(".")[0]
+            ep = _declared().get(framework)
+            if ep is None or framework in _loaded:
+                continue
+            try:
+                ep.load()
+            except ImportError as exc:
+                raise ImportError(
+                    f"{t.__module__}.{t.__qualname__} objects need prefetch's adapter for "
+                    f"{framework} ({ep.value}), which failed to import: {exc}") from exc
+            _loaded.add(framework)
+            imported = True
+    return imported
 
 
 def _open_device(device: Any) -> Delivery:

@@ -123,7 +123,11 @@ class Prefetcher(_Iterator, Generic[T]):
         or through the tuples, lists and dicts it sits in; so is a registered
         leaf whose adapter's ``exclusive`` hook proves the same. Typically a
         batch the source built afresh (``yield np.stack(samples)``). Every
-        other array leaf is copied into pooled memory.
+        other array leaf is copied into pooled memory. A raw address holds no
+        reference: a source that keeps one (``a.ctypes.data``, a copy of
+        ``a.__array_interface__``, an asynchronous C reader's pointer) and
+        writes there later would change a handed-over batch, and no check can
+        see that; give such a source ``copy="always"``.
         ``"always"``: copy every array leaf into pooled memory.
 
     Raises

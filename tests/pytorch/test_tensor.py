@@ -303,6 +303,24 @@ def test_tensor_leaf_imports_prefetch_torch_on_demand():
     assert out == "False\nTrue True\n"
 
 
+def test_first_leaf_a_user_subclass_loads_the_adapter_and_is_copied():
+    """§3 rule 1 (issue 18 item 9): a tensor subclass defined in the user's module,
+    the first torch object a process batches, is found through its torch base:
+    copied with its attributes, not passed through as the source's object."""
+    out = python_output(
+        "import torch, prefetch\n"
+        "class Boxes(torch.Tensor):\n"
+        "    pass\n"
+        "src = torch.ones(3).as_subclass(Boxes)\n"
+        "src.extra = {'ids': [torch.arange(2)]}\n"
+        "with prefetch.Prefetcher([src]) as p:\n"
+        "    out = next(p)\n"
+        "src.fill_(7)\n"
+        "src.extra['ids'][0].fill_(7)\n"
+        "print(type(out).__name__, out.tolist(), out.extra['ids'][0].tolist())\n")
+    assert out == "Boxes [1.0, 1.0, 1.0] [0, 1]\n"
+
+
 def test_prefetch_torch_without_torch_says_what_to_install():
     out = python_output(
         "import sys\n"
