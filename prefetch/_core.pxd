@@ -125,6 +125,7 @@ cdef class _Core:
     cdef CopyPlan _plan            # the fetch thread's copy plan, reused per batch
     cdef object _delivery          # None or the device adapter's Delivery
     cdef object _thread            # the fetch threading.Thread
+    cdef tuple _on_thread          # adapters' thread-state applies, run before the first next(source)
     cdef object _worker_ident      # its threading.get_ident(), once it runs
     cdef readonly object name
     cdef readonly int depth

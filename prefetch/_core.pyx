@@ -117,7 +117,10 @@ cdef class _Core:
         if self._pool != NULL:
             pf_pool_close(self._pool)
 
-    def start(self):
+    def start(self, on_thread=()):
+        """Start the fetch thread; it calls each of ``on_thread`` first (the
+        adapters' thread states, prefetch.adapters.register_thread_state)."""
+        self._on_thread = tuple(on_thread)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
@@ -135,6 +138,10 @@ cdef class _Core:
                     return
                 self._doing = DOING_NEXT
                 try:
+                    if self._on_thread:
+                        on_thread, self._on_thread = self._on_thread, None
+                        for apply in on_thread:
+                            apply()
                     item = next(self._source)
                 except (StopIteration, GeneratorExit):
                     self._publish(slot, _END, 0, False)

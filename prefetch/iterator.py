@@ -158,6 +158,8 @@ class Prefetcher(_Iterator, Generic[T]):
             raise TypeError(f"source must be iterable, got {source!r} ({type(source).__name__})") from None
         # Validated once, here, by the adapter that owns the device's type.
         delivery = None if device is None else adapters._open_device(device)
+        # The frameworks' per-thread settings of this thread, for every epoch's fetch thread.
+        self._thread_states = adapters._capture_thread_states()
         # A re-iterable source is kept for later epochs and len(); a one-shot
         # iterator is not (it would keep its last batch alive after close()).
         self._source: Optional[Iterable[T]] = None if iterator is source else source
@@ -176,7 +178,7 @@ class Prefetcher(_Iterator, Generic[T]):
             atexit.register(_at_exit)
             _exit_hook = True
         self._core = core
-        core.start()
+        core.start(self._thread_states)
 
     def __iter__(self) -> "Prefetcher[T]":
         core = self._core

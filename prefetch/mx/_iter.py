@@ -26,12 +26,6 @@ class _Feed:
     """
 
     def __init__(self, iters, depth):
-        # MXNet's NumPy shape and array modes (npx.set_np()) are per thread:
-        # the iterators run on the fetch thread as they would on the thread
-        # that made this feed (the consumer's): a Gluon batchify makes
-        # mx.np arrays, 0-d and empty shapes are valid (set in __next__).
-        self.np_modes = (mx.util.is_np_shape(), mx.util.is_np_array())
-        self.on_fetch_thread = False
         self.iters = iters
         self.depth = depth
         self.cond = threading.Condition()
@@ -52,11 +46,6 @@ class _Feed:
                 raise StopIteration
             self.in_round = True
         try:
-            if not self.on_fetch_thread:
-                self.on_fetch_thread = True
-                shape, array = self.np_modes
-                if shape:
-                    mx.util.set_np(shape=True, array=array)
             batch = self.round()
         finally:
             with self.cond:

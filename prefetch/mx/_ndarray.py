@@ -67,12 +67,12 @@ def _np_shape_copy(nd, ctx):
     """``nd.copyto(ctx)`` under NumPy-shape semantics.
 
     MXNet keeps that mode per thread (npx.set_np() sets it on the caller's
-    thread only), and the fetch thread runs in the legacy mode, where a 0-d
-    shape or a 0 in a shape means "unknown": a 0-d or empty array made under
-    npx.set_np() (an mx.np one, or a legacy one) fails there with "Operator
-    _copyto inferring shapes failed". NumPy-shape semantics read every
-    materialised array's shape as it is, in either mode, so the copy runs
-    under them whatever the thread's mode; the mode is restored after it.
+    thread only). The fetch thread has its creator's (_modes), but an array
+    may come from a thread in another mode, and in the legacy mode a 0-d
+    shape or a 0 in a shape means "unknown": copying a 0-d or empty array
+    fails there with "Operator _copyto inferring shapes failed". NumPy-shape
+    semantics read every materialised array's shape as it is, so the copy
+    runs under them whatever the thread's mode; the mode is restored after.
     """
     prev = ctypes.c_int()
     check_call(_LIB.MXSetIsNumpyShape(ctypes.c_int(1), ctypes.byref(prev)))

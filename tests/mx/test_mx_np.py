@@ -17,6 +17,7 @@ from mxnet import npx  # noqa: E402
 
 import prefetch  # noqa: E402
 import prefetch.mx as pmx  # noqa: E402
+from support import python_output  # noqa: E402
 
 
 @pytest.fixture
@@ -121,3 +122,37 @@ def test_prefetching_iter_in_legacy_mode_stays_legacy():
     with pmx.PrefetchingIter(NumpyModeIter(2)) as it:
         got = list(it)
     assert [type(d) for d in got[0].data] == [mx.nd.NDArray, mx.nd.NDArray]
+
+
+def test_gluon_dataloader_under_set_np_runs_in_numpy_mode_on_the_fetch_thread():
+    """Issue 18 item 10: the source runs on the fetch thread in the NumPy modes of the
+    thread that made the Prefetcher (MXNet keeps them per thread): a Gluon
+    DataLoader's batchify stacks mx.np samples into mx.np batches there, as in a
+    plain loop, instead of failing with a legacy operator. In a fresh interpreter,
+    where no MXNet object has reached a batch yet (the adapter is imported by the
+    constructor because mxnet is)."""
+    out = python_output(
+        "import sys, warnings\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "from mxnet import np as mnp, npx, gluon\n"
+        "import prefetch\n"
+        "npx.set_np()\n"
+        "ds = gluon.data.ArrayDataset(mnp.arange(12).reshape(6, 2), mnp.arange(6))\n"
+        "loader = gluon.data.DataLoader(ds, batch_size=4)\n"
+        "plain = [[type(x).__name__ for x in b] for b in loader]\n"
+        "with prefetch.Prefetcher(loader) as p:\n"
+        "    got = list(p)\n"
+        "print(plain == [[type(x).__name__ for x in b] for b in got], plain[0])\n"
+        "print([b[1].asnumpy().tolist() for b in got])\n")
+    assert out == "True ['ndarray', 'ndarray']\n[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0]]\n"
+
+
+def test_source_making_0d_arrays_under_set_np(np_mode):
+    """A generator that makes 0-d mx.np arrays runs on the fetch thread with the
+    consumer's NumPy-shape mode: 0-d shapes are valid there."""
+    def src():
+        for i in range(3):
+            yield mnp.full((), i) + 1
+    with prefetch.Prefetcher(src()) as p:
+        got = list(p)
+    assert [(type(b), b.shape, float(b)) for b in got] == [(mnp.ndarray, (), i + 1.0) for i in range(3)]
