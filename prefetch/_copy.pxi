@@ -9,6 +9,10 @@
 # Hand-over (SPEC §3 rule 1, issue 13): before the walk, _find_sole marks the
 # leaves that nothing but the fetch thread can reach; those are handed out as
 # they are, every other array leaf is copied. When in doubt, copy.
+#
+# A leaf's own state (an ndarray subclass's attributes, a tensor subclass's
+# __dict__) is walked like a batch by copy_state (SPEC §3 rule 1, issue 18):
+# the arrays in it are copied too, not carried over from the source.
 
 from cpython.object cimport PyObject, PyTypeObject
 
@@ -91,6 +95,12 @@ cdef extern from *:
 # costs more than the memcpy itself; numpy draws the same line.
 cdef size_t NOGIL_MIN_BYTES = 1 << 16
 
+# Leaves nested in the state of leaves (an array in an attribute of an array
+# in an attribute of ...): each level recurses on the fetch thread's C stack.
+# Real batches have one or two; past this the batch is almost surely a chain
+# built by mistake (SPEC §4: an error, not a crash).
+MAX_STATE_NESTING = 1000
+
 
 cdef class CopyPlan:
     """The copies of the batch being fetched, handed to leaf adapters.
@@ -109,6 +119,7 @@ cdef class CopyPlan:
         self._sources = []
         self.closers = set()
         self._sole = set()
+        self._copying = {}
 
     def __dealloc__(self):
         free(self._jobs)
@@ -137,6 +148,31 @@ cdef class CopyPlan:
         if not isinstance(a, cnp.ndarray):
             raise TypeError(f"CopyPlan.array needs a numpy.ndarray, got {type(a).__name__}")
         return self._copy_array(a)
+
+    def copy_state(self, state, source, copy):
+        """``state`` walked like a batch, for ``copy``, the new leaf made from ``source``.
+
+        For the state a leaf holds besides its memory (a subclass's
+        attributes): its arrays and registered leaves are copied (not
+        delivered to ``device``), its containers rebuilt, other objects kept;
+        a reference back to ``source`` becomes ``copy``, as in
+        ``copy.deepcopy``. Returns the new state: set it on ``copy``.
+        """
+        key = id(source)
+        if len(self._copying) >= MAX_STATE_NESTING:
+            raise ValueError(
+                f"the batch nests leaves in the attributes of leaves deeper than "
+                f"{MAX_STATE_NESTING} levels (a {type(source).__name__} at depth "
+                f"{MAX_STATE_NESTING}); a batch must be a tree of at most that many")
+        device = self.device
+        self._copying[key] = copy
+        self.device = None          # _leaf then queues no delivery either
+        try:
+            leaves = []
+            return _unflatten(_flatten(state, self, leaves), leaves)
+        finally:
+            self.device = device
+            del self._copying[key]
 
     cdef void _find_sole(self, PyObject *root) except *:
         """Mark the leaves of ``root`` that only the fetch thread can reach.
@@ -200,6 +236,10 @@ cdef class CopyPlan:
     cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index):
         if kind == K_PASS:
             return obj
+        if self._copying:
+            done = self._copying.get(id(obj))
+            if done is not None:
+                return done         # a leaf's state refers back to the leaf (copy_state)
         if self.device is not None:
             self._deliver_idx.append(index)
         if self._trusted:
@@ -230,7 +270,10 @@ cdef class CopyPlan:
             # dtypes hold references that must be copied one by one, with the
             # GIL. numpy allocates these itself.
             self.nbytes += nbytes
-            return np.array(a, copy=True, order="C", subok=True)
+            out = np.array(a, copy=True, order="C", subok=True)
+            if type(out) is not cnp.ndarray:
+                self._copy_array_state(a, out)
+            return out
         out = _pooled_array(self._pool, cnp.PyArray_DESCR(a), cnp.PyArray_NDIM(a),
                             cnp.PyArray_DIMS(a), nbytes)
         if cnp.PyArray_IS_C_CONTIGUOUS(a):
@@ -243,6 +286,40 @@ cdef class CopyPlan:
             self._strided.append((out, a))
         self.nbytes += nbytes
         return out
+
+    cdef void _copy_array_state(self, object a, object out) except *:
+        """Replace the attributes of ``out``, a subclass's copy of ``a``, by copies.
+
+        They are what the subclass's ``__array_finalize__`` set for the copy;
+        numpy's documented pattern (``self.info = getattr(obj, "info", None)``)
+        carries the source's very objects over, so an array among them would
+        be shared with the source. What it computed afresh (a memmap's
+        ``_mmap = None``) is kept, copied.
+        """
+        cdef type t = type(out)
+        slots = _slot_names(t)
+        if slots is None:
+            raise TypeError(
+                f"prefetch cannot copy a {t.__module__}.{t.__qualname__} array: a subclass "
+                f"attribute shadows one of its __slots__, so its state cannot be copied by name; "
+                f"tell prefetch how with prefetch.register_leaf({t.__qualname__}, copy)")
+        state = PyObject_GenericGetDict(out, NULL) if t.__dictoffset__ != 0 else None
+        names = [] if state is None else list((<dict>state).keys())
+        values = [] if state is None else list((<dict>state).values())
+        set_slots = []
+        for name in slots:
+            try:
+                values.append(object.__getattribute__(out, name))
+            except AttributeError:
+                continue            # an unset slot stays unset
+            set_slots.append(name)
+        if not values:
+            return
+        values = self.copy_state(values, a, out)
+        if names:
+            (<dict>state).update(zip(names, values))
+        for name, value in zip(set_slots, values[len(names):]):
+            object.__setattr__(out, name, value)
 
     cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *:
         cdef pf_copy_job *grown

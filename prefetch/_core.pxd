@@ -103,6 +103,7 @@ cdef class CopyPlan:
     cdef set closers               # close hooks of the leaf adapters used (run once at close)
     cdef list _deliver_idx         # leaves to hand to device.deliver (only with a device)
     cdef readonly uint64_t batches # batches planned so far: adapters tell batches apart
+    cdef dict _copying             # id(leaf) -> its copy, while copy_state walks the copy's state
     cdef object __weakref__        # adapters may keep per-prefetcher state keyed by the plan
     cdef bint _trusted             # every leaf is the prefetcher's own (a Loader's collated batch)
 
@@ -112,6 +113,7 @@ cdef class CopyPlan:
     cdef object _hand_over(self, object obj, size_t nbytes)
     cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)
     cdef object _copy_array(self, object a)
+    cdef void _copy_array_state(self, object a, object out) except *
     cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *
     cdef void _run(self, pf_copier *copier) except *
 
@@ -139,6 +141,7 @@ cdef class _Core:
     cdef CopyPlan _plan            # the fetch thread's copy plan, reused per batch
     cdef object _delivery          # None or the device adapter's Delivery
     cdef object _thread            # the fetch threading.Thread
+    cdef tuple _on_thread          # adapters' thread-state applies, run before the first next(source)
     cdef object _worker_ident      # its threading.get_ident(), once it runs
     cdef readonly object name
     cdef readonly int depth

@@ -128,7 +128,10 @@ cdef class _Core:
         if self._own_pool and self._pool_obj is not None:
             self._pool_obj.close()
 
-    def start(self):
+    def start(self, on_thread=()):
+        """Start the fetch thread; it calls each of ``on_thread`` first (the
+        adapters' thread states, prefetch.adapters.register_thread_state)."""
+        self._on_thread = tuple(on_thread)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
@@ -146,6 +149,10 @@ cdef class _Core:
                     return
                 self._doing = DOING_NEXT
                 try:
+                    if self._on_thread:
+                        on_thread, self._on_thread = self._on_thread, None
+                        for apply in on_thread:
+                            apply()
                     item = next(self._source)
                 except (StopIteration, GeneratorExit):
                     if self._epoch == pf_fork_epoch():

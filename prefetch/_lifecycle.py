@@ -13,7 +13,7 @@ import atexit
 import sys
 import warnings
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from prefetch._core import _Core, _Iterator
 from prefetch._types import Stats
@@ -64,8 +64,9 @@ class _Lifecycle(_Iterator):
         caller = sys._getframe(depth)
         self._created_at = (caller.f_code.co_filename, caller.f_lineno)
 
-    def _install(self, core: _Core) -> None:
-        """Make ``core`` the current epoch's and start it."""
+    def _install(self, core: _Core, on_thread: tuple[Callable[[], None], ...] = ()) -> None:
+        """Make ``core`` the current epoch's and start it; its fetch thread
+        calls each of ``on_thread`` first (the creator's framework modes)."""
         if self._finalizer is not None:
             self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _collected, core, self._owned, self._kind,
@@ -77,7 +78,7 @@ class _Lifecycle(_Iterator):
             atexit.register(_at_exit)
             _exit_hook = True
         self._core = core
-        core.start()
+        core.start(on_thread)
 
     def __reduce__(self) -> Any:
         raise TypeError(f"cannot pickle {self!r}: it owns threads and buffers; "

@@ -71,6 +71,7 @@ cdef class _MapStage:
     cdef _Pool pool
     cdef object name
     cdef object worker_init        # worker_id -> None, on each thread before its first sample
+    cdef tuple on_thread           # applied on each thread first: the creator's framework modes
     cdef object seed
     cdef bint ordered
     cdef object _lock
@@ -104,13 +105,14 @@ cdef class _MapStage:
     cdef list busy_key
 
     def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
-                  int depth):
+                  int depth, tuple on_thread=()):
         self.load = load
         self.mode = mode
         self.collate = collate
         self.pool = pool
         self.name = name
         self.worker_init = worker_init
+        self.on_thread = on_thread
         self.seed = seed
         self.ordered = ordered
         self.depth = depth
@@ -256,12 +258,14 @@ cdef class _MapStage:
         plan._trusted = True   # the walk only takes samples apart
         _tls.info = WorkerInfo(wid, self.target, self.seed, epoch)
         try:
-            if self.worker_init is not None:
-                try:
+            try:
+                for apply in self.on_thread:
+                    apply()
+                if self.worker_init is not None:
                     self.worker_init(wid)
-                except BaseException as exc:
-                    self._fail_thread(wid, exc)
-                    return
+            except BaseException as exc:
+                self._fail_thread(wid, exc)
+                return
             while True:
                 b = self._claim(&row)
                 if b is None:
@@ -448,7 +452,7 @@ cdef class _MapStage:
 
     cdef _fail_thread(self, int wid, exc):
         """worker_init raised: the epoch ends with its error."""
-        _add_note(exc, f"raised by worker_init({wid}) in loader thread {self.name}-w{wid}")
+        _add_note(exc, f"raised while starting loader thread {self.name}-w{wid} (worker_init({wid}))")
         self.epoch_failure = exc
         self.stop_k = min(self.stop_k, self.taken)
         with self._cv:

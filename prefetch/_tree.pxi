@@ -135,6 +135,13 @@ cdef object _layout(type t, type builtin):
     else:
         lay.base = B_COPY
     lay.has_dict = t.__dictoffset__ != 0
+    lay.slots = _slot_names(t)
+    return None if lay.slots is None else lay
+
+
+cdef tuple _slot_names(type t):
+    """The __slots__ entries of ``t``'s instances (mangled names, base first), or
+    None when one cannot be reached by name (shadowed by a subclass attribute)."""
     slots = []
     for c in reversed(t.__mro__):
         names = c.__dict__.get("__slots__", ())
@@ -150,8 +157,7 @@ cdef object _layout(type t, type builtin):
                         return None
                     break
             slots.append(name)
-    lay.slots = tuple(slots)
-    return lay
+    return tuple(slots)
 
 
 cdef tuple _classify(type t, bint discover=True):

@@ -12,20 +12,22 @@ framework's types and whose value is the adapter module. The first time a batch 
 unregistered object from such a module, or ``device=`` is such an object, the
 adapter module is imported, and importing it registers its types.
 
-Threads: ``copy``, ``flatten``/``unflatten``, ``Delivery.deliver`` and
-``Delivery.ready`` run on a prefetcher's fetch thread with the GIL held;
-``open`` runs in the ``Prefetcher`` constructor; close hooks run in ``close()``.
+Threads: ``copy``, ``flatten``/``unflatten``, ``Delivery.deliver``,
+``Delivery.ready`` and a thread state's ``apply`` run on a prefetcher's fetch
+thread with the GIL held; ``open`` and a thread state's ``capture`` run in the
+``Prefetcher`` constructor; close hooks run in ``close()``.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 import threading
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from prefetch import _core
 
 __all__ = ["CopyPlan", "Delivery", "register_collate", "register_container", "register_device",
-           "register_leaf"]
+           "register_leaf", "register_thread_state"]
 
 ENTRY_POINT_GROUP = "prefetch.adapters"
 
@@ -74,8 +76,11 @@ def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
         memory with ``a``'s shape and dtype, whose bytes are copied from the
         numpy array ``a`` later in the same batch, without the GIL: wrap it
         (without a copy) in the framework's array type, keep it alive as long
-        as the wrapper lives, and do not read it. ``plan.device`` is the
-        prefetcher's :class:`Delivery`, or None.
+        as the wrapper lives, and do not read it. State the leaf holds besides
+        its memory (a subclass's attributes) goes through
+        ``plan.copy_state(state, leaf, new_leaf)``, which copies the arrays in
+        it as in a batch. ``plan.device`` is the prefetcher's
+        :class:`Delivery`, or None.
     exclusive : callable(leaf) -> bool, optional
         Asked (fetch thread, GIL held) only about a leaf the core has already
         proven that nothing but the batch references (with ``copy="auto"``);
@@ -137,6 +142,40 @@ def register_device(cls: type, open: Callable[[Any], Delivery]) -> None:
     _device_types[cls] = open
 
 
+_thread_states: list[Callable[[], Optional[Callable[[], None]]]] = []
+
+
+def register_thread_state(capture: Callable[[], Optional[Callable[[], None]]]) -> None:
+    """Carry a framework's per-thread settings over to the fetch thread.
+
+    ``capture()`` runs in every ``Prefetcher`` constructor, on the thread that
+    makes it, and returns None (nothing to carry) or ``apply``; the
+    prefetcher's fetch thread calls ``apply()`` before its first
+    ``next(source)``, so the source runs, and its batches are copied, in the
+    settings they would have without a prefetcher (e.g. modes a framework
+    keeps per thread, which a new thread starts without). An exception from
+    ``apply`` is raised in the consumer, as one from the source would be.
+    Registering the same ``capture`` again does nothing.
+    """
+    _check_callable("capture", capture)
+    if capture not in _thread_states:
+        _thread_states.append(capture)
+
+
+def _capture_thread_states() -> tuple[Callable[[], None], ...]:
+    """For a Prefetcher's constructor: the ``apply`` of every thread state. The
+    adapters of frameworks already imported are imported first, so that theirs
+    are registered before any of their objects reached a batch."""
+    for framework in _declared():
+        if framework in sys.modules and framework not in _loaded:
+            try:
+                _import_adapter(framework)
+            except ImportError:
+                pass    # raised where an object of it needs the adapter, if one does
+    applies = (capture() for capture in _thread_states)
+    return tuple(apply for apply in applies if apply is not None)
+
+
 # -- discovery ---------------------------------------------------------------
 
 _lock = threading.Lock()
@@ -157,19 +196,31 @@ def _declared() -> dict[str, importlib.metadata.EntryPoint]:
 
 
 def _import_adapter_for(t: type) -> bool:
-    """Import the adapter declared for ``t``'s top-level module, if any and not
-    yet imported; True when one was imported (its types are now registered)."""
-    framework = (getattr(t, "__module__", None) or "").partition(".")[0]
+    """Import the adapters declared for the top-level modules of ``t`` and its
+    bases (a user's subclass of a framework's array type lives in the user's
+    module), if any and not yet imported; True when one was imported (its
+    types are now registered)."""
+    imported = False
+    for c in t.__mro__:
+        framework = (getattr(c, "__module__", None) or "").partition(".")[0]
+        try:
+            imported = _import_adapter(framework) or imported
+        except ImportError as exc:
+            raise ImportError(
+                f"{t.__module__}.{t.__qualname__} objects need prefetch's adapter for "
+                f"{framework} ({_declared()[framework].value}), which failed to import: "
+                f"{exc}") from exc
+    return imported
+
+
+def _import_adapter(framework: str) -> bool:
+    """Import the adapter declared for ``framework`` unless there is none or it
+    was imported; True when this call imported it."""
     with _lock:
         ep = _declared().get(framework)
         if ep is None or framework in _loaded:
             return False
-        try:
-            ep.load()
-        except ImportError as exc:
-            raise ImportError(
-                f"{t.__module__}.{t.__qualname__} objects need prefetch's adapter for "
-                f"{framework} ({ep.value}), which failed to import: {exc}") from exc
+        ep.load()
         _loaded.add(framework)
         return True
 

@@ -108,7 +108,11 @@ class Prefetcher(_Lifecycle, Generic[T]):
         or through the tuples, lists and dicts it sits in; so is a registered
         leaf whose adapter's ``exclusive`` hook proves the same. Typically a
         batch the source built afresh (``yield np.stack(samples)``). Every
-        other array leaf is copied into pooled memory.
+        other array leaf is copied into pooled memory. A raw address holds no
+        reference: a source that keeps one (``a.ctypes.data``, a copy of
+        ``a.__array_interface__``, an asynchronous C reader's pointer) and
+        writes there later would change a handed-over batch, and no check can
+        see that; give such a source ``copy="always"``.
         ``"always"``: copy every array leaf into pooled memory.
 
     Raises
@@ -143,6 +147,8 @@ class Prefetcher(_Lifecycle, Generic[T]):
             raise TypeError(f"source must be iterable, got {source!r} ({type(source).__name__})") from None
         # Validated once, here, by the adapter that owns the device's type.
         delivery = None if device is None else adapters._open_device(device)
+        # The frameworks' per-thread settings of this thread, for every epoch's fetch thread.
+        self._thread_states = adapters._capture_thread_states()
         # A re-iterable source is kept for later epochs and len(); a one-shot
         # iterator is not (it would keep its last batch alive after close()).
         self._source: Optional[Iterable[T]] = None if iterator is source else source
@@ -153,7 +159,7 @@ class Prefetcher(_Lifecycle, Generic[T]):
         self._start(iterator)
 
     def _start(self, iterator: Iterator[T]) -> None:
-        self._install(_Core(iterator, *self._options))
+        self._install(_Core(iterator, *self._options), self._thread_states)
 
     def __iter__(self) -> "Prefetcher[T]":
         core = self._core

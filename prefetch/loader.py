@@ -113,7 +113,9 @@ class _Threaded(_Lifecycle):
         # sample its own stream.
         self._seed = int.from_bytes(os.urandom(16), "little") if seed is None else seed
         pool = _Pool()
-        self._stage = _MapStage(load, mode, collate, pool, name, worker_init, self._seed, ordered, depth)
+        self._thread_states = adapters._capture_thread_states()
+        self._stage = _MapStage(load, mode, collate, pool, name, worker_init, self._seed, ordered, depth,
+                                self._thread_states)
         self._owned = (self._stage, pool) if delivery is None else (self._stage, delivery, pool)
         self._mode = mode
         self._name = name
@@ -140,7 +142,7 @@ class _Threaded(_Lifecycle):
         self._epoch += 1
         core = _Core(_EpochSource(self._stage, gen), *self._core_options,
                      wake=functools.partial(self._stage.abandon, gen))
-        self._install(core)
+        self._install(core, self._thread_states)
         return core
 
     def _first_core(self) -> _Core:

@@ -4,11 +4,12 @@ context, and ``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter``
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: mxnet``) the first time a batch holds an MXNet
-object or ``device=`` is an MXNet context, and importing it registers the
-NDArray, DataBatch and Context types.
+object, ``device=`` is an MXNet context or a Prefetcher is made while MXNet
+is imported, and importing it registers the NDArray, DataBatch and Context
+types and carries MXNet's per-thread NumPy modes to the fetch thread.
 """
 from prefetch import ClosedError
-from prefetch.mx import _collate, _device, _ndarray  # noqa: F401  (register their types)
+from prefetch.mx import _collate, _device, _modes, _ndarray  # noqa: F401  (register their types)
 from prefetch.mx._iter import PrefetchingIter
 from prefetch.mx._patch import patch, unpatch
 

@@ -12,7 +12,7 @@ import numpy as np
 from prefetch.adapters import register_device
 from prefetch.mx import _engine
 from prefetch.mx._mxnet import mx
-from prefetch.mx._ndarray import engine_sync
+from prefetch.mx._ndarray import _np_shape_copy, engine_sync
 
 # numpy dtypes an NDArray can hold (device= delivers these leaves as NDArrays;
 # object, string, complex and structured arrays stay numpy).
@@ -46,9 +46,9 @@ class ContextDelivery:
             if out is None:  # empty, 0-d, or a dtype DLPack cannot carry
                 out = mx.nd.array(leaf, ctx=self.ctx, dtype=leaf.dtype)
             return out
-        if isinstance(leaf, mx.nd.NDArray) and leaf.context != self.ctx:
+        if isinstance(leaf, mx.nd.NDArray) and leaf.ctx != self.ctx:
             out = _engine.copy_leaf(leaf, None, self.ctx)  # e.g. a container's own copy
-            return leaf.copyto(self.ctx) if out is None else out
+            return _np_shape_copy(leaf, self.ctx) if out is None else out
         return leaf
 
     def ready(self):

@@ -147,6 +147,7 @@ if (<OpHandle>_address("NNGetOpHandle"))(b"_copyto", &_copyto_op) != 0 or _copyt
     raise ImportError("prefetch.mx: this MXNet has no _copyto operator")
 
 _NDArray = mx.nd.NDArray
+_NP_NDArray = mx.np.ndarray
 
 
 cdef int _error() except -1:
@@ -179,10 +180,10 @@ cdef int _shape_of(Handle h, int64_t *shape) except -2:
     return ndim
 
 
-cdef object _ndarray(Handle h):
-    """The Python NDArray owning handle ``h`` (freed if that fails)."""
+cdef object _ndarray(Handle h, object cls=_NDArray):
+    """The Python ``cls`` (an NDArray type) owning handle ``h`` (freed if that fails)."""
     try:
-        return _NDArray(NDArrayHandle(<size_t>h))
+        return cls(NDArrayHandle(<size_t>h))
     except BaseException:
         _free(h)
         raise
@@ -273,6 +274,8 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None):
     cpu_shared becomes cpu(0) (it only carries a DataLoader's batch between
     processes). On cpu(0), with ``plan``, the copy lands in a block of the
     plan's pool, which goes back to the pool when MXNet frees the NDArray.
+    An ``mx.np.ndarray`` comes out as one (numpy-mode Gluon blocks take no
+    other), any other NDArray as an ``mx.nd.NDArray``.
     The copy is issued to the engine, not waited for. None when this path does
     not apply (sparse storage, 0-d, an empty or unknown shape): the caller then
     copies through Python.
@@ -320,7 +323,7 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None):
         _error()
     if plan is not None and h == NULL:
         plan.nbytes += nbytes  # a copy elsewhere (a device) also counts for max_bytes, stats
-    return _ndarray(dst)
+    return _ndarray(dst, _NP_NDArray if isinstance(nd, _NP_NDArray) else _NDArray)
 
 
 def wrap_numpy(cnp.ndarray a, object ctx):

@@ -4,12 +4,13 @@ Threading contract: ``_copy_ndarray`` and the DataBatch hooks run on a
 prefetcher's fetch thread with the GIL held; ``engine_sync`` runs in close().
 """
 import copy
+import ctypes
 import threading
 import weakref
 
 from prefetch.adapters import register_container, register_leaf
 from prefetch.mx import _engine
-from prefetch.mx._mxnet import mx
+from prefetch.mx._mxnet import _LIB, check_call, mx
 
 # CopyPlan (one per prefetcher) -> [its batch number, the copies made in that
 # batch]. See _throttle.
@@ -46,30 +47,57 @@ def _copy_ndarray(nd, plan):
     ``nd`` and before every use of the result (SPEC §3: the batch is complete
     for every reader), so the copy is not waited for; only the previous
     batch's, once per batch (_throttle). Sparse, 0-d and empty arrays take
-    MXNet's own copy, equally unwaited.
+    MXNet's own copy, equally unwaited, under NumPy-shape semantics
+    (_np_shape_copy). The copy has ``nd``'s type: ``mx.np.ndarray`` or NDArray.
     """
     copies = _throttle(plan)
     ctx = getattr(plan.device, "ctx", None)
     out = _engine.copy_leaf(nd, plan, ctx)
     if out is None:
         if ctx is None:
-            ctx = nd.context
+            ctx = nd.ctx   # mx.np arrays warn on .context
             if ctx.device_typeid == 5:  # cpu_shared: land the copy on cpu(0)
                 ctx = mx.cpu(0)
-        out = nd.copyto(ctx)
+        out = _np_shape_copy(nd, ctx)
     copies.append(out)
     return out
 
 
+def _np_shape_copy(nd, ctx):
+    """``nd.copyto(ctx)`` under NumPy-shape semantics.
+
+    MXNet keeps that mode per thread (npx.set_np() sets it on the caller's
+    thread only). The fetch thread has its creator's (_modes), but an array
+    may come from a thread in another mode, and in the legacy mode a 0-d
+    shape or a 0 in a shape means "unknown": copying a 0-d or empty array
+    fails there with "Operator _copyto inferring shapes failed". NumPy-shape
+    semantics read every materialised array's shape as it is, so the copy
+    runs under them whatever the thread's mode; the mode is restored after.
+    """
+    prev = ctypes.c_int()
+    check_call(_LIB.MXSetIsNumpyShape(ctypes.c_int(1), ctypes.byref(prev)))
+    try:
+        return nd.copyto(ctx)
+    finally:
+        check_call(_LIB.MXSetIsNumpyShape(prev, ctypes.byref(ctypes.c_int())))
+
+
 def _flatten_batch(batch):
-    """Container hook for mx.io.DataBatch (and subclasses): data, label and
-    index are walked; pad, bucket_key and provide_data/provide_label pass through."""
-    return (batch.data, batch.label, batch.index), batch
+    """Container hook for mx.io.DataBatch (and subclasses): every instance
+    attribute is walked, not only data, label and index: pipelines add their
+    own (a detection pipeline's ``im_info``), and an NDArray in any of them
+    is copied; plain values (pad, bucket_key) pass through."""
+    state = vars(batch)
+    return list(state.values()), (batch, list(state))
 
 
-def _unflatten_batch(batch, children):
-    new = copy.copy(batch)
-    new.data, new.label, new.index = children
+def _unflatten_batch(aux, children):
+    batch, names = aux
+    # Every attribute is replaced below, so an exact DataBatch needs only a
+    # blank instance (what copy.copy makes first, minus ~5 us of its protocol);
+    # a subclass may keep state elsewhere (__slots__, __reduce__).
+    new = object.__new__(_DataBatch) if type(batch) is _DataBatch else copy.copy(batch)
+    new.__dict__.update(zip(names, children))
     return new
 
 
@@ -85,4 +113,5 @@ def engine_sync():
 
 
 register_leaf(mx.nd.NDArray, _copy_ndarray, close=engine_sync)
-register_container(mx.io.DataBatch, _flatten_batch, _unflatten_batch)
+_DataBatch = mx.io.DataBatch
+register_container(_DataBatch, _flatten_batch, _unflatten_batch)

@@ -15,9 +15,10 @@ What comes out (the README says the same):
   (``channels_last_3d``) input, which keeps its layout: it is a permuted
   contiguous tensor, so it is copied as one memcpy and permuted back;
 - a tensor subclass without its own ``__torch_dispatch__`` (plain Python
-  subclasses such as torchvision's tv_tensors) keeps its type and a shallow
-  copy of its ``__dict__``; one whose ``__dict__`` holds an array would be
-  shared with the source, so it is refused, as are wrapper subclasses;
+  subclasses such as torchvision's tv_tensors) keeps its type and its
+  ``__dict__``, walked like a batch (``plan.copy_state``): tensors and arrays
+  in it, nested in containers too, are copied, never shared with the source;
+  wrapper subclasses are refused;
 - a CUDA tensor is cloned on its device (stream-ordered, like ``clone()``).
 Sparse, quantized, nested, meta and other-device tensors raise a TypeError
 naming what they are: the core cannot read their memory as one block.
@@ -33,8 +34,6 @@ the GIL held.
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
 
 from prefetch.adapters import register_leaf
 from prefetch.torch._torch import torch
@@ -131,15 +130,10 @@ def _copy_subclass(t: Tensor, cls: type, plan: Any) -> Tensor:
         raise TypeError(
             f"prefetch cannot copy {_describe(t)}: it overrides __torch_dispatch__; "
             f"tell prefetch how with prefetch.register_leaf({cls.__qualname__}, copy)")
-    state = dict(getattr(t, "__dict__", {}))
-    for key, value in state.items():
-        if isinstance(value, (Tensor, np.ndarray)):
-            raise TypeError(
-                f"prefetch cannot copy {_describe(t)}: its attribute {key!r} holds an array, "
-                f"which would be shared with the source; tell prefetch how with "
-                f"prefetch.register_leaf({cls.__qualname__}, copy)")
     out: Tensor = copy_tensor(t.as_subclass(Tensor), plan).as_subclass(cls)
-    out.__dict__.update(state)
+    state = getattr(t, "__dict__", None)
+    if state:
+        out.__dict__.update(plan.copy_state(state, t, out))
     return out
 
 

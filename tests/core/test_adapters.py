@@ -3,6 +3,7 @@ types, discovery of framework adapters by entry point, and a core that names
 no framework."""
 import importlib.metadata
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -191,3 +192,81 @@ def test_plan_array_keeps_a_temporary_source_alive_until_the_copy(registered):
         assert all(got)
     finally:
         prefetch.register_leaf(Boxed, lambda b, plan: b)
+
+
+@pytest.fixture
+def thread_state():
+    """A thread state registered for one test: a thread-local 'mode' that a
+    capture reads on the creating thread and an apply sets on the fetch thread."""
+    local = threading.local()
+    calls = []
+
+    def capture():
+        mode = getattr(local, "mode", None)
+        calls.append(("capture", threading.get_ident(), mode))
+        if mode is None:
+            return None
+
+        def apply():
+            calls.append(("apply", threading.get_ident(), mode))
+            if mode == "broken":
+                raise LookupError("cannot set the mode")
+            local.mode = mode
+        return apply
+
+    adapters.register_thread_state(capture)
+    adapters.register_thread_state(capture)     # once only
+    try:
+        yield local, calls
+    finally:
+        adapters._thread_states.remove(capture)
+
+
+def test_thread_state_is_carried_to_the_fetch_thread_before_the_source_runs(thread_state):
+    """Issue 18 item 10: a framework's per-thread mode (MXNet's npx.set_np()) of the
+    thread that makes a Prefetcher is set on its fetch thread before the source runs
+    there, once per epoch's thread; the source sees it."""
+    local, calls = thread_state
+    local.mode = "numpy"
+    with Prefetcher(SeesMode(local)) as p:
+        assert list(p) == ["numpy", "numpy"]
+        assert list(p) == ["numpy", "numpy"]          # the next epoch's thread too
+    me = threading.get_ident()
+    assert [c for c in calls if c[0] == "capture"] == [("capture", me, "numpy")]
+    applies = [c for c in calls if c[0] == "apply"]
+    assert len(applies) == 2 and all(c[1] != me and c[2] == "numpy" for c in applies)
+
+
+class SeesMode:
+    """A re-iterable source reporting the mode of the thread it runs on."""
+
+    def __init__(self, local):
+        self.local = local
+
+    def __iter__(self):
+        for _ in range(2):
+            yield getattr(self.local, "mode", None)
+
+
+def test_no_thread_state_to_carry_sets_nothing(thread_state):
+    local, calls = thread_state
+    with Prefetcher(SeesMode(local)) as p:
+        assert list(p) == [None, None]
+    assert [c[0] for c in calls] == ["capture"]
+
+
+def test_thread_state_apply_error_reaches_the_consumer(thread_state):
+    """§4: an apply that fails is raised in the consumer like a source error."""
+    local, _ = thread_state
+    local.mode = "broken"
+    with Prefetcher(SeesMode(local)) as p:
+        with pytest.raises(LookupError, match="cannot set the mode") as info:
+            next(p)
+        with pytest.raises(StopIteration):
+            next(p)
+    assert any("batch 0" in n for n in info.value.__notes__)
+
+
+def test_register_thread_state_needs_a_callable():
+    with pytest.raises(TypeError, match="capture must be callable"):
+        adapters.register_thread_state("not callable")

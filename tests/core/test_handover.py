@@ -12,6 +12,7 @@ A generator's suspended frame holds its locals, so `a = ...; yield a` is (rightl
 copied: the sources below build each batch in a helper and `yield make(...)`, so
 that the one way of still reaching a leaf under test is the only one.
 """
+import ctypes
 import gc
 import mmap
 import weakref
@@ -519,3 +520,33 @@ def test_no_batch_shares_memory_with_what_the_source_reaches(batches, size, dept
     assert s.leaves_handed_over == sum(len(f) for f in expect)
     assert s.leaves_handed_over + s.leaves_copied == sum(len(_leaves(b)) for b in out)
 
+
+
+@pytest.mark.parametrize("keep", ["ctypes.data", "__array_interface__"])
+def test_a_source_writing_through_a_kept_raw_address_needs_copy_always(keep):
+    """§3 rule 1 (issue 18 item 11): a raw address holds no reference, so no proof
+    sees it: with copy="auto" the array is handed over and the source's later
+    write through the address lands in the batch (the documented limit).
+    copy="always" protects such a source: the copy is made while the source's
+    array is alive, so the batch's memory lies outside the source's address range."""
+    nbytes = 1000 * 4
+    kept = []
+
+    def fresh(i):
+        a = np.full(1000, i, np.float32)
+        kept.append(a.ctypes.data if keep == "ctypes.data" else dict(a.__array_interface__)["data"][0])
+        return a
+
+    def src(i):
+        yield fresh(i)
+
+    (b,), s = run(src(1))
+    assert s.leaves_handed_over == 1 and addr(b) == kept[0]
+    ctypes.memset(kept[0], 0, nbytes)       # b keeps that memory alive: a safe write
+    assert not b.any()                      # the hole copy="auto" cannot see
+
+    (b,), s = run(src(2), copy="always")
+    assert s.leaves_handed_over == 0 and s.leaves_copied == 1
+    lo = addr(b)
+    assert lo + nbytes <= kept[1] or lo >= kept[1] + nbytes
+    assert (b == 2).all()

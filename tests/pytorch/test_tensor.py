@@ -170,13 +170,44 @@ def test_plain_subclass_keeps_its_type_and_metadata():
     assert out.fmt == "xyxy"
 
 
-def test_subclass_holding_an_array_is_refused():
-    """§3 rule 1: the attribute would be shared with the source: an error naming the type."""
+def test_subclass_attribute_tensors_and_arrays_are_copied_deep():
+    """§3 rule 1 (issue 18 item 9): tensors and arrays in a subclass's attributes,
+    nested in containers too, are copied, never shared: the source's later
+    writes do not show; containers are rebuilt, plain values kept."""
+    boxes, mask = torch.ones(2, 4), np.zeros(3, bool)
     src = torch.ones(2).as_subclass(Tagged)
-    src.mask = torch.zeros(2)
-    with pytest.raises(TypeError, match=r"Tagged.*attribute 'mask'.*register_leaf") as info:
-        one(src)
-    assert "prefetch worker" in str(info.value.__notes__)
+    src.extra = {"boxes": [boxes], "mask": mask, "fmt": "xyxy"}
+    src.direct = torch.arange(3)
+    out = one(src)
+    assert type(out) is Tagged and out.extra is not src.extra
+    assert out.extra["boxes"] is not src.extra["boxes"] and out.extra["fmt"] == "xyxy"
+    assert_fresh(out.extra["boxes"][0], boxes)
+    assert_fresh(out.direct, src.direct)
+    assert not np.shares_memory(out.extra["mask"], mask)
+    boxes.fill_(5)
+    mask[:] = True
+    src.direct.fill_(9)
+    assert (out.extra["boxes"][0] == 1).all() and not out.extra["mask"].any()
+    assert out.direct.tolist() == [0, 1, 2]
+
+
+def test_subclass_attribute_referring_to_itself_refers_to_the_copy():
+    """A subclass whose attribute holds the tensor itself: the copy's holds the copy
+    (copy.deepcopy's memo), neither the source nor an endless recursion."""
+    src = torch.ones(2).as_subclass(Tagged)
+    src.me = {"self": src}
+    out = one(src)
+    assert out.me["self"] is out
+
+
+def test_subclass_attribute_arrays_are_not_delivered():
+    """A leaf's attributes are its state, not array leaves: with device= they are
+    copied, not delivered (a numpy attribute stays numpy)."""
+    src = torch.ones(2).as_subclass(Tagged)
+    src.mask = np.zeros(2, bool)
+    out = one({"t": src, "a": np.ones(2)}, device=torch.device("cpu"))
+    assert isinstance(out["a"], torch.Tensor)
+    assert type(out["t"].mask) is np.ndarray and not np.shares_memory(out["t"].mask, src.mask)
 
 
 class Wrapper(torch.Tensor):
@@ -270,6 +301,24 @@ def test_tensor_leaf_imports_prefetch_torch_on_demand():
         "    out = next(p)\n"
         "print('prefetch.torch' in sys.modules, out.data_ptr() != buf.data_ptr())\n")
     assert out == "False\nTrue True\n"
+
+
+def test_first_leaf_a_user_subclass_loads_the_adapter_and_is_copied():
+    """§3 rule 1 (issue 18 item 9): a tensor subclass defined in the user's module,
+    the first torch object a process batches, is found through its torch base:
+    copied with its attributes, not passed through as the source's object."""
+    out = python_output(
+        "import torch, prefetch\n"
+        "class Boxes(torch.Tensor):\n"
+        "    pass\n"
+        "src = torch.ones(3).as_subclass(Boxes)\n"
+        "src.extra = {'ids': [torch.arange(2)]}\n"
+        "with prefetch.Prefetcher([src]) as p:\n"
+        "    out = next(p)\n"
+        "src.fill_(7)\n"
+        "src.extra['ids'][0].fill_(7)\n"
+        "print(type(out).__name__, out.tolist(), out.extra['ids'][0].tolist())\n")
+    assert out == "Boxes [1.0, 1.0, 1.0] [0, 1]\n"
 
 
 def test_prefetch_torch_without_torch_says_what_to_install():
