@@ -14,6 +14,7 @@ thread.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import random
 import threading
@@ -26,7 +27,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
-from prefetch import Loader
+from prefetch import ClosedError, Loader
 from prefetch import map as prefetch_map
 from prefetch.torch._torch import torch
 
@@ -69,19 +70,61 @@ def _worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
                       worker_method="thread")
 
 
-class _Indices:
-    """An index or batch sampler seen only as an iterable: the Loader calls
-    ``set_epoch`` on a sampler that has one, and torch's DataLoader never does
-    (the user does), so the user's call must not be overridden."""
+class _Batches:
+    """The index batches of a torch epoch, as the Loader's batch sampler.
+
+    Seen only as an iterable: the Loader calls ``set_epoch`` on a sampler that
+    has one, and torch's DataLoader never does (the user does). It remembers
+    the batches the Loader has read and not handed out yet: after a batch's
+    error the Loader's epoch ends, and torch's goes on with the next batch, so
+    the next Loader epoch replays those batches, then reads on.
+    """
 
     def __init__(self, sampler: Any, single: bool) -> None:
         self.sampler = sampler
-        self.single = single
+        self.single = single          # batch_size=None: each index is a batch of its own
+        self.lock = threading.Lock()  # the Loader's threads read; the consumer hands out
+        self.restart()
+
+    def restart(self) -> None:
+        """A new torch epoch: a new iteration of the sampler."""
+        with self.lock:
+            self.source = ([i] for i in self.sampler) if self.single else iter(self.sampler)
+            self.pending: collections.deque[Any] = collections.deque()  # read, not handed out
+            self.unread: collections.deque[Any] = collections.deque()   # to replay first
+            self.reader: object = None
+            self.failed = False       # the sampler raised: the epoch cannot go on
 
     def __iter__(self) -> Any:
-        if self.single:   # batch_size=None: each index is a batch of its own
-            return ([i] for i in self.sampler)
-        return iter(self.sampler)
+        """A Loader epoch: replays what no earlier one handed out, then reads on."""
+        with self.lock:
+            token = self.reader = object()
+            self.unread = collections.deque([*self.pending, *self.unread])
+            self.pending.clear()
+        return self._read(token)
+
+    def _read(self, token: object) -> Any:
+        while True:
+            with self.lock:
+                if self.reader is not token:
+                    return            # a later Loader epoch reads now
+                if self.unread:
+                    keys = self.unread.popleft()
+                else:
+                    try:
+                        keys = next(self.source)
+                    except StopIteration:
+                        return
+                    except BaseException:
+                        self.failed = True
+                        raise
+                self.pending.append(keys)
+            yield keys
+
+    def handed_out(self) -> None:
+        """The oldest pending batch reached the consumer (or failed there)."""
+        with self.lock:
+            self.pending.popleft()
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -108,10 +151,16 @@ class _InitThread:
         self.dataset = dataset
         self.worker_init_fn = worker_init_fn
 
+        self.failed = False   # worker_init_fn raised: that thread is gone, the epoch cannot go on
+
     def __call__(self, worker_id: int) -> None:
         _local.info = _worker_info(worker_id, self.num_workers, self.base_seed, self.dataset)
         if self.worker_init_fn is not None and self.num_workers > 0:
-            self.worker_init_fn(worker_id)
+            try:
+                self.worker_init_fn(worker_id)
+            except BaseException:
+                self.failed = True
+                raise
 
 
 class _Shard:
@@ -297,6 +346,7 @@ class _ThreadIter:
         self._iterable = isinstance(loader.dataset, IterableDataset)
         self._num_workers = loader.num_workers
         self._persistent = loader.persistent_workers and loader.num_workers > 0
+        self._ordered = loader.in_order
         threads = max(loader.num_workers, 1)
         options = dict(workers=threads, ordered=loader.in_order,
                        depth=(loader.prefetch_factor or 2) * threads,
@@ -308,24 +358,35 @@ class _ThreadIter:
         if self._iterable:
             self._shards = [_Shard(w, loader, base_seed) for w in range(threads)]
             self._source: Any = _ShardMap(self._shards, options)
+        self._batches: _Batches | None = None
+        self._init: _InitThread | None = None
+        if self._iterable:
+            self._shards = [_Shard(w, loader, base_seed) for w in range(threads)]
+            self._source: Any = _ShardMap(self._shards, options)
         else:
             auto = loader._auto_collation
-            self._source = Loader(
-                loader.dataset, batch_sampler=_Indices(self._index_sampler, single=not auto),
-                collate=loader.collate_fn if auto else _OneSample(loader.collate_fn),
-                worker_init=_InitThread(loader.num_workers, base_seed, loader.dataset,
-                                        loader.worker_init_fn),
-                **options)
+            self._batches = _Batches(self._index_sampler, single=not auto)
+            self._init = _InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
+            self._source = Loader(loader.dataset, batch_sampler=self._batches,
+                                  collate=loader.collate_fn if auto else _OneSample(loader.collate_fn),
+                                  worker_init=self._init, **options)
         # torch's iterators have no close(): one dropped mid-epoch closes its loader.
         weakref.finalize(self, self._source.close)
+        self._resume = self._done = False
+        self._yielded = 0
+        self._epoch: Any = None
         self._reset(loader)
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         """An epoch begins (torch calls it again for each epoch of persistent
         workers: same threads, same replicas)."""
         self._len_called = loader._IterableDataset_len_called
+        if self._epoch is not None and not self._yielded and not self._done and not self._resume:
+            return   # nothing taken from the epoch begun: it is this one
         self._yielded = 0
-        self._done = False
+        self._done = self._resume = False
+        if self._batches is not None:
+            self._batches.restart()
         self._epoch = iter(self._source)
 
     def __iter__(self) -> _ThreadIter:
@@ -337,6 +398,9 @@ class _ThreadIter:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
+        if self._resume:   # after a batch's error, go on with the next batch, as torch does
+            self._resume = False
+            self._epoch = iter(self._source)
         try:
             batch = next(self._epoch)
             while batch is _NOTHING:
@@ -346,11 +410,21 @@ class _ThreadIter:
         except StopIteration:
             self._end(close=not self._persistent)
             raise
+        except Exception as exc:
+            # The Loader's epoch ended with this batch's error (the loader is not
+            # closed while the error is on its way: the weakref finalizer closes
+            # it with this iterator).
+            if self._goes_on(exc):
+                self._batches.handed_out()   # type: ignore[union-attr]
+                self._resume = True
+            else:
+                self._end(close=False)
+            raise
         except BaseException:
-            # The epoch ended with this error. The loader is not closed here, while
-            # the error is on its way: the weakref finalizer closes it with this iterator.
             self._end(close=False)
             raise
+        if self._batches is not None:
+            self._batches.handed_out()
         self._yielded += 1
         if self._iterable and self._len_called is not None and self._yielded > self._len_called:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
@@ -359,6 +433,14 @@ class _ThreadIter:
         if self._pin:
             batch = _pin(batch, self._pin_device)
         return batch
+
+    def _goes_on(self, exc: Exception) -> bool:
+        """Whether the epoch can go on after ``exc``: a map-style dataset's or
+        collate_fn's error for the batch due now (in order); not the sampler's,
+        nor a worker_init_fn's (that thread is gone), nor an IterableDataset's."""
+        return (self._batches is not None and self._init is not None and self._ordered
+                and not isinstance(exc, ClosedError) and not self._batches.failed
+                and not self._init.failed)
 
     def _end(self, close: bool) -> None:
         """The epoch is over: tasks waiting for their turn return; threads go if ``close``."""

@@ -528,3 +528,41 @@ def test_threads_stop_when_an_iteration_is_abandoned():
 
 def test_importing_prefetch_torch_exports():
     assert prefetch.torch.DataLoader is DataLoader and prefetch.torch.get_worker_info is get_worker_info
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_epoch_goes_on_after_a_batch_error_as_in_torch(num_workers):
+    """torch's test_error(_workers): every batch raises, next() goes on to the
+    next batch, and the iteration ends after len(loader) errors."""
+    class AllFail(Dataset):
+        def __len__(self):
+            return 41
+
+        def __getitem__(self, i):
+            raise NotImplementedError(f"sample {i}")
+
+    for cls in (TorchLoader, DataLoader):
+        loader = cls(AllFail(), batch_size=2, shuffle=True, num_workers=num_workers)
+        it, errors = iter(loader), 0
+        while True:
+            try:
+                next(it)
+            except NotImplementedError:
+                errors += 1
+            except StopIteration:
+                break
+        assert errors == 21, cls
+
+
+def test_batches_after_an_error_are_torchs():
+    ours, theirs = [], []
+    for cls, got in ((TorchLoader, theirs), (DataLoader, ours)):
+        it = iter(cls(Raising(), batch_size=3, **({"num_workers": 2} if cls is DataLoader else {})))
+        while True:
+            try:
+                got.append(next(it).tolist())
+            except KeyError:
+                got.append("error")
+            except StopIteration:
+                break
+    assert ours == theirs == [[0, 1, 2], [3, 4, 5], "error", [9]]
