@@ -92,15 +92,6 @@ cdef extern from *:
 cdef size_t NOGIL_MIN_BYTES = 1 << 16
 
 
-cdef class _Block:
-    def __cinit__(self):
-        self.blk = NULL
-
-    def __dealloc__(self):
-        if self.blk != NULL:
-            pf_pool_put(self.blk)
-
-
 cdef class CopyPlan:
     """The copies of the batch being fetched, handed to leaf adapters.
 
@@ -211,6 +202,8 @@ cdef class CopyPlan:
             return obj
         if self.device is not None:
             self._deliver_idx.append(index)
+        if self._trusted:
+            return obj
         if kind == K_LEAF:
             if handler[1] is not None and self._is_sole(obj) and handler[1](obj) is True:
                 return self._hand_over(obj, _leaf_nbytes(obj))
@@ -232,31 +225,17 @@ cdef class CopyPlan:
     cdef object _copy_array(self, object obj):
         cdef cnp.ndarray a = <cnp.ndarray>obj
         cdef size_t nbytes = <size_t>cnp.PyArray_NBYTES(a)
-        cdef pf_block *blk
-        cdef _Block base
         if type(a) is not cnp.ndarray or a.descr.flags & NPY_ITEM_REFCOUNT:
             # Subclasses keep their type (and e.g. a mask); object and string
             # dtypes hold references that must be copied one by one, with the
             # GIL. numpy allocates these itself.
             self.nbytes += nbytes
             return np.array(a, copy=True, order="C", subok=True)
-        if self._pool == NULL:
-            raise _Closing()
-        blk = pf_pool_get(self._pool, nbytes)
-        if blk == NULL:
-            raise MemoryError(
-                f"prefetch: cannot allocate {nbytes} bytes to copy an array of shape "
-                f"{obj.shape} and dtype {obj.dtype}")
-        base = _Block.__new__(_Block)
-        base.blk = blk
-        descr = cnp.PyArray_DESCR(a)
-        Py_INCREF_Descr(descr)
-        out = PyArray_NewFromDescr(np.ndarray, descr, cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a),
-                                   NULL, blk.data, cnp.NPY_ARRAY_CARRAY, None)
-        cnp.set_array_base(<cnp.ndarray>out, base)
+        out = _pooled_array(self._pool, cnp.PyArray_DESCR(a), cnp.PyArray_NDIM(a),
+                            cnp.PyArray_DIMS(a), nbytes)
         if cnp.PyArray_IS_C_CONTIGUOUS(a):
             if nbytes:
-                self._add_job(blk.data, cnp.PyArray_DATA(a), nbytes)
+                self._add_job(cnp.PyArray_DATA(<cnp.ndarray>out), cnp.PyArray_DATA(a), nbytes)
                 # An adapter may pass a temporary view: keep it (and what it
                 # keeps alive) until the memcpy has read it.
                 self._sources.append(a)

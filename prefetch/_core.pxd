@@ -70,6 +70,14 @@ cdef class _Block:
     cdef pf_block *blk
 
 
+cdef class _Pool:
+    # The pool of a Prefetcher or Loader, shared by its epochs (_pool.pxi).
+    cdef pf_pool *p                # NULL once closed
+    cdef unsigned _epoch           # pf_fork_epoch() at creation
+    cdef pf_pool_stats _final      # snapshot taken at close
+    cdef pf_pool_stats stats(self)
+
+
 from cpython.object cimport PyObject
 
 
@@ -96,6 +104,7 @@ cdef class CopyPlan:
     cdef list _deliver_idx         # leaves to hand to device.deliver (only with a device)
     cdef readonly uint64_t batches # batches planned so far: adapters tell batches apart
     cdef object __weakref__        # adapters may keep per-prefetcher state keyed by the plan
+    cdef bint _trusted             # every leaf is the prefetcher's own (a Loader's collated batch)
 
     cdef void _reset(self)
     cdef void _find_sole(self, PyObject *root) except *
@@ -111,7 +120,11 @@ cdef class _Core:
     # The ring, its slots, the pool and the fetch thread's state. Worker
     # threads reference only this object, never the user-facing Prefetcher.
     cdef pf_ring *_ring            # heap, cache-line aligned; NULL until created
-    cdef pf_pool *_pool            # NULL after close; blocks out keep it alive in C
+    cdef pf_pool *_pool            # borrowed from _pool_obj; NULL after close
+    cdef _Pool _pool_obj           # shared by the owner's epochs, or this core's own
+    cdef bint _own_pool            # close() closes _pool_obj
+    cdef bint _owned               # the source yields batches only this core holds (no copy)
+    cdef object _wake              # called by close() to wake a source waiting for work
     cdef pf_copier _copier
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef bint _copier_ok           # _copier threads running (fini by the fetch thread)
@@ -145,7 +158,6 @@ cdef class _Core:
     cdef int64_t _consumer_wait_ns
     cdef int64_t _producer_wait_ns
     cdef uint64_t _peak_fill
-    cdef pf_pool_stats _final_pool_stats   # snapshot taken at close
 
     cpdef object take(self, object timeout=*)
     cdef object _copy_batch(self, object item)

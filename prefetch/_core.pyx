@@ -19,6 +19,7 @@ from libc.stdlib cimport free, realloc
 
 import dataclasses
 import functools
+import operator
 import threading
 import warnings
 import weakref
@@ -26,13 +27,16 @@ from copy import copy as _shallow_copy
 
 import numpy as np
 
-from prefetch._types import ClosedError
+from prefetch._types import ClosedError, WorkerInfo
 
 cnp.import_array()
 
 include "_errors.pxi"
 include "_tree.pxi"
+include "_pool.pxi"
 include "_copy.pxi"
+include "_collate.pxi"
+include "_map.pxi"
 
 # Blocking waits wake up this often to notice Ctrl-C, close() and timeouts
 # (SPEC §4 asks for KeyboardInterrupt within 0.2 s).
@@ -73,7 +77,7 @@ def _live_counts():
 @cython.final
 cdef class _Core:
     def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, delivery,
-                  bint handover=False):
+                  bint handover=False, _Pool pool=None, bint owned=False, wake=None):
         global _live_cores
         cdef int rc = PF_OK
         _live_cores += 1
@@ -83,6 +87,8 @@ cdef class _Core:
         self._epoch = pf_fork_epoch()   # also installs the at-fork handler
         self._source = source
         self._delivery = delivery
+        self._owned = owned
+        self._wake = wake
         self._consumer_lock = threading.Lock()
         self.name = name
         self.depth = depth
@@ -93,12 +99,13 @@ cdef class _Core:
         self._doing = DOING_START
         self._ring = pf_ring_new(depth, max_bytes, -1, &rc)
         _check_rc(rc, "the ring")
-        self._pool = pf_pool_new(0)
-        if self._pool == NULL:
-            raise MemoryError("prefetch: cannot allocate the buffer pool")
+        self._own_pool = pool is None
+        self._pool_obj = _Pool() if pool is None else pool
+        self._pool = self._pool_obj.p
         self._plan = CopyPlan.__new__(CopyPlan)
         self._plan._pool = self._pool
         self._plan.device = delivery
+        self._plan._trusted = owned
         _check_rc(pf_copier_init(&self._copier, workers - 1), "the copy threads")
         self._copier_ok = True
 
@@ -114,8 +121,8 @@ cdef class _Core:
             pf_copier_fini(&self._copier)
         if self._ring != NULL:
             pf_ring_delete(self._ring)
-        if self._pool != NULL:
-            pf_pool_close(self._pool)
+        if self._own_pool and self._pool_obj is not None:
+            self._pool_obj.close()
 
     def start(self):
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -138,6 +145,12 @@ cdef class _Core:
                     item = next(self._source)
                 except (StopIteration, GeneratorExit):
                     self._publish(slot, _END, 0, False)
+                    return
+                except _Closing:
+                    return   # close() woke a loader's stage
+                except _Noted as noted:
+                    # A loader's stage has named the sample, batch and thread.
+                    self._publish(slot, _Failure(noted.exc), 0, False)
                     return
                 except BaseException as exc:
                     self._fail(slot, exc, n, "fetching")
@@ -212,8 +225,10 @@ cdef class _Core:
         cdef list leaves = []
         cdef Py_ssize_t i
         cdef uint64_t copied
+        if self._owned and self._delivery is None:
+            return item   # collated into pooled memory by a loader: already only ours
         plan._reset()
-        if self._handover:
+        if self._handover and not self._owned:
             plan._find_sole(<PyObject *>item)
         nodes = _flatten(item, plan, leaves)
         plan._run(&self._copier)
@@ -227,7 +242,7 @@ cdef class _Core:
         self._bytes_handed += plan.handed_bytes
         self._leaves_copied += plan.copied_leaves
         self._leaves_handed += plan.handed_leaves
-        if copied > self._max_batch_bytes and self._pool != NULL:
+        if copied > self._max_batch_bytes and self._pool != NULL and not self._owned:
             # Keep enough free blocks for the ring, the batch being filled and
             # a few the user holds, of mixed sizes (blocks are binned by size
             # class): 2 x (depth + 2) of the largest batch. With 1x, bench/soak.py
@@ -344,6 +359,8 @@ cdef class _Core:
             self._slots = [None] * self.depth
             return
         pf_ring_close(self._ring)
+        if self._wake is not None:
+            self._wake()   # a loader's stage: its fetch thread waits there, not in the ring
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(grace)
@@ -363,15 +380,12 @@ cdef class _Core:
                 close_hook()
         finally:
             self._plan._pool = NULL
-            if self._pool != NULL:
-                self._final_pool_stats = pf_pool_get_stats(self._pool)
-                pf_pool_close(self._pool)
-                self._pool = NULL
+            self._pool = NULL
+            if self._own_pool:
+                self._pool_obj.close()
 
     def stats(self):
-        cdef pf_pool_stats ps = self._final_pool_stats
-        if self._pool != NULL:
-            ps = pf_pool_get_stats(self._pool)
+        cdef pf_pool_stats ps = self._pool_obj.stats()
         return dict(
             produced=self._produced,
             consumed=self._consumed,
@@ -409,8 +423,15 @@ cdef class _Iterator:
         return self
 
     def __next__(self):
-        if self._core is None:
-            raise ValueError("Prefetcher.__init__ did not complete")
-        return self._core.take(self._timeout)
+        # A local reference: another thread may start the next epoch (and
+        # drop this core) while this one waits in take().
+        cdef _Core core = self._core
+        if core is None:
+            core = self._first_core()
+        return core.take(self._timeout)
+
+    def _first_core(self):
+        """The core to take from when none was started (a subclass may start one)."""
+        raise ValueError(f"{type(self).__name__}.__init__ did not complete")
 
 

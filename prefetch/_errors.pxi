@@ -13,6 +13,14 @@ class _Closing(Exception):
     """Raised inside the fetch thread when close() pulled the pool away."""
 
 
+class _Noted(Exception):
+    """A loader's error on its way to the fetch thread, its note already added
+    (sample, batch and thread); the fetch thread publishes ``exc`` as it is."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+
 cdef _check_rc(int rc, what):
     if rc == PF_OK:
         return

@@ -57,6 +57,7 @@ MAX_DEPTH = 100_000
 
 cdef dict _leaf_types = {}          # type -> (copy, exclusive, close)
 cdef dict _container_types = {}     # type -> (flatten, unflatten)
+cdef dict _collate_types = {}       # type -> (as_numpy, from_numpy): stacked by a Loader
 # id(type) -> (kind, handler, weakref or None). Keyed by id, not by the type,
 # so that the cache keeps no type alive: a heap type's entry is removed by its
 # weakref's callback when the type dies, before its id can be reused (a
@@ -69,6 +70,21 @@ cdef object _discover = None        # fn(type) -> bool: imported an adapter for 
 def _register_leaf(cls, handler):
     _leaf_types[cls] = handler
     _kinds.clear()
+
+
+def _register_collate(cls, handler):
+    _collate_types[cls] = handler
+
+
+cdef object _collate_of(type t):
+    """(as_numpy, from_numpy) of the most specific registered base of ``t``, or None."""
+    if not _collate_types:
+        return None
+    for base in t.__mro__:
+        found = _collate_types.get(base)
+        if found is not None:
+            return found
+    return None
 
 
 def _register_container(cls, handler):

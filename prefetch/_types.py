@@ -38,6 +38,17 @@ class Stats:
         Array leaves, and their bytes, handed over without a copy because only
         the prefetcher could reach them (``copy="auto"``).
         ``max_bytes`` counts these bytes as well as the copied ones.
+    workers : int
+        Loader threads in use (a ``Loader`` or ``map``; 0 for a ``Prefetcher``).
+    samples : int
+        Samples a loader's threads have finished, over every epoch.
+    load_s : float
+        Time spent inside ``dataset[i]`` (or map's function), summed over threads.
+    loader_idle_s : float
+        Time loader threads waited for room (the consumer is the bottleneck),
+        summed over threads.
+    bytes_collated : int
+        Bytes the default collate copied into batch rows.
     """
 
     produced: int
@@ -53,3 +64,30 @@ class Stats:
     leaves_copied: int = 0
     leaves_handed_over: int = 0
     bytes_handed_over: int = 0
+    workers: int = 0
+    samples: int = 0
+    load_s: float = 0.0
+    loader_idle_s: float = 0.0
+    bytes_collated: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What ``prefetch.worker_info()`` returns on a loader thread.
+
+    Attributes
+    ----------
+    id : int
+        The thread's number, ``0 <= id < num_workers``, fixed for its life.
+    num_workers : int
+        Threads the loader had started when this one began its epoch.
+    seed : int
+        The loader's seed (drawn at random when none was given).
+    epoch : int
+        The epoch being loaded, from 0.
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    epoch: int

@@ -24,7 +24,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from prefetch import _core
 
-__all__ = ["CopyPlan", "Delivery", "register_container", "register_device", "register_leaf"]
+__all__ = ["CopyPlan", "Delivery", "register_collate", "register_container", "register_device",
+           "register_leaf"]
 
 ENTRY_POINT_GROUP = "prefetch.adapters"
 
@@ -106,6 +107,22 @@ def register_container(cls: type, flatten: Callable[[Any], tuple[Sequence[Any], 
     _check_callable("flatten", flatten)
     _check_callable("unflatten", unflatten)
     _core._register_container(cls, (flatten, unflatten))
+
+
+def register_collate(cls: type, as_numpy: Callable[[Any], Any], from_numpy: Callable[[Any], Any]) -> None:
+    """Let ``Loader``'s default collate stack leaves of type ``cls`` (and its subclasses).
+
+    ``as_numpy(leaf)`` returns a numpy array with the leaf's values on the host
+    (a view where the framework allows one); each sample's is copied into its
+    row of a pooled batch block, without the GIL. ``from_numpy(block)`` wraps
+    that block, of shape ``(batch_size, *leaf.shape)``, as the framework's
+    array without a copy, and keeps the block alive as long as it lives.
+    Called on loader threads, with the GIL held.
+    """
+    _check_type("cls", cls)
+    _check_callable("as_numpy", as_numpy)
+    _check_callable("from_numpy", from_numpy)
+    _core._register_collate(cls, (as_numpy, from_numpy))
 
 
 _device_types: dict[type, Callable[[Any], Delivery]] = {}

@@ -7,18 +7,14 @@ finalizer at once, which closes the core and joins the thread (SPEC §5).
 """
 from __future__ import annotations
 
-import atexit
 import itertools
 import math
 import numbers
-import sys
-import warnings
-import weakref
 from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Optional, Sized, TypeVar
 
 from prefetch import adapters
-from prefetch._core import _Core, _Iterator
-from prefetch._types import Stats
+from prefetch._core import _Core, _Pool
+from prefetch._lifecycle import _Lifecycle
 
 _names = itertools.count(1)
 T = TypeVar("T")
@@ -29,7 +25,6 @@ T = TypeVar("T")
 MAX_DEPTH = 1 << 20
 MAX_WORKERS = 256
 MAX_BYTES = (1 << 63) - 1
-_exit_hook = False  # _at_exit registered
 
 
 def _check_int(arg: str, value: Any, minimum: int, maximum: int) -> int:
@@ -64,29 +59,7 @@ def _check_timeout(value: Any) -> Optional[float]:
     return seconds
 
 
-_exiting = False   # set at interpreter exit: no ResourceWarning then
-
-
-def _at_exit() -> None:
-    global _exiting
-    _exiting = True
-
-
-def _collected(core: _Core, created_at: tuple[str, int]) -> None:
-    """The finalizer of a Prefetcher dropped without close(): close its core
-    (joins the thread, frees the pool) and, if it was still running, warn
-    where it was created, as an unclosed file does."""
-    running = core.state == "running"
-    message = f"unclosed prefetcher {core.name!r}: call close() or use 'with Prefetcher(...)'"
-    core.close()
-    # Under -W error the warning is an exception whose traceback holds this
-    # frame: it must not keep the core alive.
-    del core
-    if running and not _exiting:
-        warnings.warn_explicit(message, ResourceWarning, created_at[0], created_at[1])
-
-
-class Prefetcher(_Iterator, Generic[T]):
+class Prefetcher(_Lifecycle, Generic[T]):
     """Produce the batches of ``source`` ahead of the consumer, as fresh arrays
     that nothing else can reach.
 
@@ -157,22 +130,14 @@ class Prefetcher(_Iterator, Generic[T]):
         # A re-iterable source is kept for later epochs and len(); a one-shot
         # iterator is not (it would keep its last batch alive after close()).
         self._source: Optional[Iterable[T]] = None if iterator is source else source
-        self._options = (depth, workers, cap, name, delivery, handover)
-        caller = sys._getframe(1)
-        self._created_at = (caller.f_code.co_filename, caller.f_lineno)
+        pool = _Pool()   # shared by the epochs: a new epoch reuses warm blocks
+        self._owned = (pool,)
+        self._options = (depth, workers, cap, name, delivery, handover, pool)
+        self._remember_caller()
         self._start(iterator)
 
     def _start(self, iterator: Iterator[T]) -> None:
-        core = _Core(iterator, *self._options)
-        self._finalizer = weakref.finalize(self, _collected, core, self._created_at)
-        global _exit_hook
-        if not _exit_hook:
-            # Registered after weakref.finalize's own exit hook: atexit runs
-            # hooks last-in first-out, so this one runs first.
-            atexit.register(_at_exit)
-            _exit_hook = True
-        self._core = core
-        core.start()
+        self._install(_Core(iterator, *self._options))
 
     def __iter__(self) -> "Prefetcher[T]":
         core = self._core
@@ -181,7 +146,6 @@ class Prefetcher(_Iterator, Generic[T]):
                 raise RuntimeError(
                     f"{self!r} has ended and its source is a one-shot iterator; to loop "
                     "over several epochs, pass a re-iterable source (a list, a DataLoader)")
-            self._finalizer.detach()
             core.close()
             self._start(iter(self._source))
         return self
@@ -189,41 +153,13 @@ class Prefetcher(_Iterator, Generic[T]):
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
 
-    def __reduce__(self) -> Any:
-        raise TypeError(f"cannot pickle {self!r}: a Prefetcher owns threads and buffers; "
-                        "pickle its source and build a new Prefetcher instead")
-
     def __len__(self) -> int:
         if not isinstance(self._source, Sized):
             raise TypeError(f"the source of {self!r} has no len()")
         return len(self._source)
 
-    def close(self) -> None:
-        """Stop the workers, drop unconsumed batches and free the buffers.
-
-        Idempotent and safe from any thread. Batches the user still holds stay
-        valid; their memory is freed when they are collected.
-        """
-        core = self._core
-        if core is not None:
-            core.close()
-
-    @property
-    def closed(self) -> bool:
-        """True once ``close()`` has run."""
-        return self._core is None or self._core.closed
-
-    def stats(self) -> Stats:
-        """A frozen snapshot of the current epoch's counters (see ``prefetch.Stats``)."""
-        if self._core is None:
-            raise ValueError("Prefetcher.__init__ did not complete")
-        return Stats(**self._core.stats())
-
     def __enter__(self) -> "Prefetcher[T]":
         return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         core = self._core

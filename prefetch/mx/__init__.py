@@ -9,7 +9,7 @@ object or ``device=`` is an MXNet context, and importing it registers the
 NDArray, DataBatch and Context types.
 """
 from prefetch import ClosedError
-from prefetch.mx import _device, _ndarray  # noqa: F401  (register their types)
+from prefetch.mx import _collate, _device, _ndarray  # noqa: F401  (register their types)
 from prefetch.mx._dataloader import DataLoader
 from prefetch.mx._iter import PrefetchingIter
 from prefetch.mx._patch import patch, unpatch

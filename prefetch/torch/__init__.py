@@ -8,7 +8,7 @@ object or ``device=`` is a ``torch.device``, and importing it registers the
 Tensor and device types. Import it yourself for ``DataLoader`` and
 ``get_worker_info``.
 """
-from prefetch.torch import _device, _tensor  # noqa: F401  (register their types)
+from prefetch.torch import _collate, _device, _tensor  # noqa: F401  (register their types)
 from prefetch.torch._dataloader import DataLoader, get_worker_info
 from prefetch.torch._device import CpuDelivery, CudaDelivery
 from prefetch.torch._tensor import copy_tensor

@@ -1,0 +1,111 @@
+"""What ``Prefetcher`` and ``Loader`` share as objects: epochs of a compiled
+``_Core``, the finalizer, the unclosed-resource warning, ``close()``,
+``with``, ``stats()``, ``repr`` and the refusal to be pickled.
+
+Worker threads reference only the inner ``_Core`` (and a loader's stage),
+never these objects, so dropping the last reference to one runs its
+finalizer at once, which closes the core, joins the threads and frees the
+pool.
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+import warnings
+import weakref
+from typing import Any, Optional
+
+from prefetch._core import CLOSE_GRACE_S, _Core, _Iterator, _Pool
+from prefetch._types import Stats
+
+_exiting = False   # set at interpreter exit: no ResourceWarning then
+_exit_hook = False  # _at_exit registered
+
+
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+def _collected(core: _Core, owned: tuple[Any, ...], kind: str, created_at: tuple[str, int]) -> None:
+    """The finalizer of an object dropped without close(): close its core and
+    what it owns (a loader's stage, the pool) and, if it was still running,
+    warn where it was created, as an unclosed file does."""
+    running = core.state == "running"
+    message = f"unclosed {kind} {core.name!r}: call close() or use 'with'"
+    _close_all(core, owned)
+    # Under -W error the warning is an exception whose traceback holds this
+    # frame: it must not keep the core alive.
+    del core
+    if running and not _exiting:
+        warnings.warn_explicit(message, ResourceWarning, created_at[0], created_at[1])
+
+
+def _close_all(core: Optional[_Core], owned: tuple[Any, ...]) -> None:
+    try:
+        if core is not None:
+            core.close()
+    finally:
+        for thing in owned:
+            if isinstance(thing, _Pool):
+                thing.close()
+            else:
+                thing.close(CLOSE_GRACE_S)
+
+
+class _Lifecycle(_Iterator):
+    """Base of Prefetcher and Loader: one ``_Core`` per epoch, started by
+    ``_install``; ``_owned`` (a pool shared by the epochs, a loader's stage)
+    outlives the epochs and is closed last."""
+
+    _kind = "prefetcher"
+    _owned: tuple[Any, ...] = ()
+    _finalizer: "Optional[weakref.finalize[Any, Any]]" = None
+
+    def _remember_caller(self, depth: int = 2) -> None:
+        caller = sys._getframe(depth)
+        self._created_at = (caller.f_code.co_filename, caller.f_lineno)
+
+    def _install(self, core: _Core) -> None:
+        """Make ``core`` the current epoch's and start it."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _collected, core, self._owned, self._kind,
+                                           self._created_at)
+        global _exit_hook
+        if not _exit_hook:
+            # Registered after weakref.finalize's own exit hook: atexit runs
+            # hooks last-in first-out, so this one runs first.
+            atexit.register(_at_exit)
+            _exit_hook = True
+        self._core = core
+        core.start()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"cannot pickle {self!r}: it owns threads and buffers; "
+                        f"pickle what it reads from and build a new one instead")
+
+    def close(self) -> None:
+        """Stop the workers, drop unconsumed batches and free the buffers.
+
+        Idempotent and safe from any thread. Batches the user still holds stay
+        valid; their memory is freed when they are collected.
+        """
+        _close_all(self._core, self._owned)
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` has run."""
+        return self._core is None or self._core.closed
+
+    def stats(self) -> Stats:
+        """A frozen snapshot of the counters (see ``prefetch.Stats``)."""
+        if self._core is None:
+            raise ValueError(f"{type(self).__name__}.__init__ did not complete")
+        return Stats(**self._core.stats())
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
