@@ -8,9 +8,9 @@ builds the samplers (``RandomSampler`` with ``generator``,
 iterator differs: ``num_workers`` threads of a ``prefetch.Loader`` (map-style
 datasets) or of a ``prefetch.map`` (``IterableDataset``) instead of processes.
 
-Threading contract: ``_init_thread`` and ``_Shard.run`` run on loader
-threads; ``get_worker_info`` anywhere; everything else on the consumer's
-thread.
+Threading contract: ``_InitThread.__call__``, ``_Batches._read``, ``_OneSample``
+and ``_Shard.run`` run on loader threads; ``get_worker_info`` anywhere;
+everything else on the consumer's thread.
 """
 from __future__ import annotations
 
@@ -283,7 +283,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
       raised as the same object with its own traceback and a note naming the
       sample and the thread (torch re-raises a copy with the worker's traceback
-      as text);
+      as text); after a map-style dataset's or ``collate_fn``'s error, ``next()``
+      goes on with the next batch, as torch's does (with ``in_order=True``);
+      any other error ends the epoch;
+    - a map-style dataset needs ``__len__``, and its sampler must give int
+      indices in ``range(len(dataset))``;
     - ``timeout`` also applies with ``num_workers=0``; on expiry it raises
       torch's ``RuntimeError('DataLoader timed out after N seconds')`` (from a
       ``TimeoutError`` naming the batch waited for);
@@ -292,8 +296,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       one it warns as torch does and does nothing;
     - ``prefetch_factor``: ``prefetch_factor * max(num_workers, 1)`` batches
       are prepared ahead; ``in_order=False``: batches come out as they
-      complete; ``persistent_workers``: the threads (and each IterableDataset
-      replica) are kept across epochs, and ``worker_init_fn`` runs once;
+      complete; ``persistent_workers``: the threads (with an IterableDataset,
+      each worker's replica) are kept across epochs, and ``worker_init_fn``
+      runs once;
     - ``multiprocessing_context`` is validated as torch does and then ignored;
       more threads than CPUs draw no warning (they cost little);
     - seeds: each thread's ``get_worker_info().seed`` is torch's
