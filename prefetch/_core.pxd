@@ -129,8 +129,11 @@ cdef class _Core:
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef bint _copier_ok           # _copier threads running (fini by the fetch thread)
     cdef unsigned _epoch           # pf_fork_epoch() at creation
-    cdef bint _acquiring           # a consumer waits in pf_ring_acquire without the GIL
+    cdef unsigned long _acquirer   # ident of the consumer waiting in pf_ring_acquire without the GIL; 0: none
     cdef object _consumer_lock     # held by the consumer that waits without the GIL
+    cdef object _close_lock        # RLock: one close() tears down, the others wait for it
+    cdef bint _torn_down           # close() finished: threads joined (or warned), hooks run, pool closed
+    cdef set _close_hooks          # the adapters' close hooks not run yet; None until close() collects them
     cdef list _slots               # depth entries: batch, _Failure or _END
     cdef object _source            # the iterator; next() only on the fetch thread
     cdef CopyPlan _plan            # the fetch thread's copy plan, reused per batch
@@ -165,6 +168,7 @@ cdef class _Core:
     cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
     cdef _check_usable(self)
+    cdef _tear_down(self, double grace)
 
 
 cdef class _Iterator:

@@ -10,10 +10,12 @@
 # Threads: one fetch thread calls next(source) and copies; the consumer calls
 # take(); any thread may call close(). Several consumer threads are
 # serialised: the fast path runs under the GIL, and only the holder of
-# _consumer_lock waits for a slot without it.
+# _consumer_lock waits for a slot without it. One close() tears down while
+# holding _close_lock; another one waits for it to finish.
 cimport cython
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 from libc.stdlib cimport free, realloc
 
@@ -31,6 +33,12 @@ from prefetch._types import ClosedError, WorkerInfo
 
 cnp.import_array()
 
+# Blocking waits wake up this often to notice Ctrl-C, close() and timeouts
+# (SPEC §4 asks for KeyboardInterrupt within 0.2 s).
+cdef int64_t WAIT_SLICE_NS = 50 * 1000 * 1000
+cdef double WAIT_SLICE_S = WAIT_SLICE_NS / 1e9
+CLOSE_GRACE_S = 2.0
+
 include "_errors.pxi"
 include "_tree.pxi"
 include "_pool.pxi"
@@ -38,11 +46,6 @@ include "_copy.pxi"
 include "_collate.pxi"
 include "_map.pxi"
 
-# Blocking waits wake up this often to notice Ctrl-C, close() and timeouts
-# (SPEC §4 asks for KeyboardInterrupt within 0.2 s).
-cdef int64_t WAIT_SLICE_NS = 50 * 1000 * 1000
-cdef double WAIT_SLICE_S = WAIT_SLICE_NS / 1e9
-CLOSE_GRACE_S = 2.0
 
 cdef enum Doing:
     DOING_START
@@ -77,7 +80,7 @@ def _live_counts():
 @cython.final
 cdef class _Core:
     def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, delivery,
-                  bint handover=False, _Pool pool=None, bint owned=False, wake=None):
+                  bint handover=True, _Pool pool=None, bint owned=False, wake=None):
         global _live_cores
         cdef int rc = PF_OK
         _live_cores += 1
@@ -90,6 +93,7 @@ cdef class _Core:
         self._owned = owned
         self._wake = wake
         self._consumer_lock = threading.Lock()
+        self._close_lock = threading.RLock()
         self.name = name
         self.depth = depth
         self.workers = workers
@@ -144,7 +148,8 @@ cdef class _Core:
                 try:
                     item = next(self._source)
                 except (StopIteration, GeneratorExit):
-                    self._publish(slot, _END, 0, False)
+                    if self._epoch == pf_fork_epoch():
+                        self._publish(slot, _END, 0, False)
                     return
                 except _Closing:
                     return   # close() woke a loader's stage
@@ -153,7 +158,16 @@ cdef class _Core:
                     self._publish(slot, _Failure(noted.exc), 0, False)
                     return
                 except BaseException as exc:
+                    if self._epoch != pf_fork_epoch():
+                        raise   # in a child forked inside the source: its own exception (sys.exit())
                     self._fail(slot, exc, n, "fetching")
+                    return
+                if self._epoch != pf_fork_epoch():
+                    # The source forked and this is the child, on the worker's
+                    # stack: the ring, the pool and the copy helpers belong to
+                    # the parent's threads (their locks may be held there for
+                    # ever). Touch none of them; this thread, the child's only
+                    # one, ends here.
                     return
                 self._doing = DOING_COPY
                 try:
@@ -173,7 +187,9 @@ cdef class _Core:
         finally:
             self._doing = DOING_DONE
             self._source = None
-            if self._copier_ok:
+            # In a forked child the copy helpers do not exist (and their
+            # condition variables still count the parent's waiters): no fini.
+            if self._copier_ok and self._epoch == pf_fork_epoch():
                 self._copier_ok = False
                 with nogil:
                     pf_copier_fini(&self._copier)
@@ -270,7 +286,7 @@ cdef class _Core:
             raise StopIteration
         # Only while no other consumer waits in pf_ring_acquire without the
         # GIL: one thread per side holds a slot (pf_ring.h).
-        if self._acquiring or pf_ring_acquire(self._ring, 0, &slot) != PF_OK:
+        if self._acquirer or pf_ring_acquire(self._ring, 0, &slot) != PF_OK:
             slot = self._wait_batch(timeout)
         item = self._slots[slot]
         self._slots[slot] = None
@@ -300,18 +316,28 @@ cdef class _Core:
             # the one thread that can produce the batch: itself.
             raise RuntimeError(f"next() on prefetcher {self.name!r} called from its own worker "
                                "thread (inside next(source)); it would wait for itself forever")
+        if self._acquirer == PyThread_get_thread_ident():
+            # A signal handler (or a callback) inside a next() that holds the
+            # consumer lock: that lock is not re-entrant, and the slot it waits
+            # for is the outer call's.
+            raise RuntimeError(f"next() on prefetcher {self.name!r} called while the same thread "
+                               "already waits in next() (from a signal handler?); it would wait "
+                               "for itself forever")
         # One consumer at a time waits in pf_ring_acquire without the GIL (it
         # hands the slot to its caller alone); other threads calling next()
         # meanwhile queue on this lock, as on a queue.Queue's.
         lock = self._consumer_lock
         while not lock.acquire(True, WAIT_SLICE_S):   # releases the GIL while it waits
             PyErr_CheckSignals()
+            if self._ended:
+                # Another consumer took the end; the next epoch may have closed this core since.
+                raise StopIteration
             if self.closed:
                 raise ClosedError(f"prefetcher {self.name!r} was closed while waiting")
             if timeout is not None and pf_now_ns() >= deadline:
                 raise TimeoutError(f"no batch from prefetcher {self.name!r} within {timeout} s; "
                                    "another thread was waiting for one")
-        self._acquiring = True
+        self._acquirer = PyThread_get_thread_ident()
         try:
             if self._ended:
                 raise StopIteration   # another consumer thread took the end meanwhile
@@ -332,6 +358,8 @@ cdef class _Core:
                 if rc != PF_ETIMEDOUT and rc != PF_EAGAIN:   # EAGAIN: the deadline had passed
                     _check_ring(rc, "waiting for a batch")
                 PyErr_CheckSignals()   # raises KeyboardInterrupt; nothing was taken
+                if self.closed:   # by a signal handler just now, or by another thread
+                    raise ClosedError(f"prefetcher {self.name!r} was closed while waiting")
                 if timeout is not None and pf_now_ns() >= deadline:
                     raise TimeoutError(
                         f"no batch from prefetcher {self.name!r} within {timeout} s; its "
@@ -339,50 +367,81 @@ cdef class _Core:
                 if self._thread is None or not self._thread.is_alive():
                     # The worker publishes before it exits; re-check once so
                     # a batch published just before its exit is not missed.
-                    if pf_ring_acquire(self._ring, 0, &slot) == PF_OK:
+                    rc = pf_ring_acquire(self._ring, 0, &slot)
+                    if self.closed:   # meanwhile: is_alive() may switch threads
+                        raise ClosedError(f"prefetcher {self.name!r} was closed while waiting")
+                    if rc == PF_OK:
                         return slot
                     raise RuntimeError(f"the worker of prefetcher {self.name!r} is not running "
                                        "(it died or never started); no batch can come")
         finally:
-            self._acquiring = False
+            self._acquirer = 0
             lock.release()
             self._consumer_wait_ns += pf_now_ns() - t0
 
     # -- lifecycle ----------------------------------------------------------
 
     def close(self, double grace=CLOSE_GRACE_S):
-        """Stop the fetch thread, drop unconsumed batches, free the pool. Idempotent."""
-        if self.closed:
+        """Stop the fetch thread, drop unconsumed batches, free the pool.
+
+        Idempotent, and returns only once the teardown is complete (or the
+        worker, stuck in the source, was warned about), whichever close()
+        does it: another thread's close() waits for it. A close() cut short
+        (Ctrl-C during the join) leaves the rest to the next close()."""
+        if self._torn_down:
             return
         self.closed = True
         if self._epoch != pf_fork_epoch():
+            # Forked child: the parent's threads and locks are not this process's.
             self._slots = [None] * self.depth
             return
+        if threading.current_thread() is self._thread:
+            # The worker (a source closing its prefetcher): another close()
+            # may be joining this very thread; waiting for it would only
+            # spend its grace period.
+            if not self._close_lock.acquire(False):
+                return
+        else:
+            # Re-entrant: a signal handler's close() inside this thread's
+            # close() finishes the teardown rather than wait for the outer one.
+            self._close_lock.acquire()
+        try:
+            if not self._torn_down:
+                self._tear_down(grace)
+        finally:
+            self._close_lock.release()
+
+    cdef _tear_down(self, double grace):
+        """close()'s work, under _close_lock. Each step may run again after an
+        interruption, and does nothing twice (hooks, pool)."""
         pf_ring_close(self._ring)
         if self._wake is not None:
             self._wake()   # a loader's stage: its fetch thread waits there, not in the ring
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(grace)
+            if self._torn_down:
+                return   # a signal handler's close() finished it during the join
             if thread.is_alive():
                 warnings.warn(
                     f"prefetcher {self.name!r}: the worker is still {_DOING[self._doing]} "
                     f"after {grace} s; it is left as a daemon thread and exits when that returns",
                     RuntimeWarning, stacklevel=3)
         self._slots = [None] * self.depth
-        # Each adapter used returns the memory behind the dropped batches
-        # (e.g. an engine sync), once: the same hook is in the set once.
-        closers = set(self._plan.closers)
-        if self._delivery is not None:
-            closers.add(self._delivery.close)
+        if self._close_hooks is None:
+            # Each adapter used returns the memory behind the dropped batches
+            # (e.g. an engine sync), once: the same hook is in the set once.
+            # (The device delivery belongs to the owner, closed once by it.)
+            self._close_hooks = set(self._plan.closers)
         try:
-            for close_hook in closers:
-                close_hook()
+            while self._close_hooks:
+                self._close_hooks.pop()()   # popped first: run once, even if interrupted
         finally:
             self._plan._pool = NULL
             self._pool = NULL
             if self._own_pool:
                 self._pool_obj.close()
+        self._torn_down = True
 
     def stats(self):
         cdef pf_pool_stats ps = self._pool_obj.stats()
@@ -423,8 +482,9 @@ cdef class _Iterator:
         return self
 
     def __next__(self):
-        # A local reference: another thread may start the next epoch (and
-        # drop this core) while this one waits in take().
+        # A reference of its own: another thread (or a signal handler) may
+        # start the next epoch while take() waits, replacing and freeing
+        # self._core; that take() then ends as its epoch did (StopIteration).
         cdef _Core core = self._core
         if core is None:
             core = self._first_core()

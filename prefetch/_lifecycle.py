@@ -15,7 +15,7 @@ import warnings
 import weakref
 from typing import Any, Optional
 
-from prefetch._core import CLOSE_GRACE_S, _Core, _Iterator, _Pool
+from prefetch._core import _Core, _Iterator
 from prefetch._types import Stats
 
 _exiting = False   # set at interpreter exit: no ResourceWarning then
@@ -46,11 +46,8 @@ def _close_all(core: Optional[_Core], owned: tuple[Any, ...]) -> None:
         if core is not None:
             core.close()
     finally:
-        for thing in owned:
-            if isinstance(thing, _Pool):
-                thing.close()
-            else:
-                thing.close(CLOSE_GRACE_S)
+        for thing in owned:   # a loader's stage, a device delivery, the pool: in that order
+            thing.close()
 
 
 class _Lifecycle(_Iterator):
@@ -59,6 +56,7 @@ class _Lifecycle(_Iterator):
     outlives the epochs and is closed last."""
 
     _kind = "prefetcher"
+    _closing = False   # close() was called: an epoch starting meanwhile closes too
     _owned: tuple[Any, ...] = ()
     _finalizer: "Optional[weakref.finalize[Any, Any]]" = None
 
@@ -88,10 +86,21 @@ class _Lifecycle(_Iterator):
     def close(self) -> None:
         """Stop the workers, drop unconsumed batches and free the buffers.
 
-        Idempotent and safe from any thread. Batches the user still holds stay
-        valid; their memory is freed when they are collected.
+        Idempotent and safe from any thread and from a signal handler. It
+        returns once all of that is done, also when another thread's
+        ``close()`` began it (this one waits), or, when the source stays stuck
+        for a grace period, with a ``RuntimeWarning``, leaving that thread as
+        a daemon. A ``close()`` cut short by Ctrl-C is finished by the next
+        call. Batches the user still holds stay valid; their memory is freed
+        when they are collected.
         """
-        _close_all(self._core, self._owned)
+        # No lock: a child forked while another thread held one could not
+        # close. An epoch that __iter__ starts meanwhile sees the flag.
+        self._closing = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        owned, self._owned = self._owned, ()   # closed once, however often close() is called
+        _close_all(self._core, owned)
 
     @property
     def closed(self) -> bool:

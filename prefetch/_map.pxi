@@ -77,6 +77,9 @@ cdef class _MapStage:
     cdef object _cv
     cdef list _threads
     cdef readonly int threads      # threads started
+    cdef int target                # threads wanted this epoch (WorkerInfo.num_workers)
+    cdef int depth                 # the ring's, for the pool's keep
+    cdef size_t max_batch_bytes    # the largest batch's blocks so far
     cdef bint closed
     # the epoch
     cdef unsigned long gen
@@ -100,7 +103,8 @@ cdef class _MapStage:
     cdef list busy_since           # per thread: pf_now_ns() when its load began, 0 when idle
     cdef list busy_key
 
-    def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered):
+    def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
+                  int depth):
         self.load = load
         self.mode = mode
         self.collate = collate
@@ -109,6 +113,7 @@ cdef class _MapStage:
         self.worker_init = worker_init
         self.seed = seed
         self.ordered = ordered
+        self.depth = depth
         self._lock = threading.Lock()
         self._cv = threading.Condition(threading.Lock())
         self._threads = []
@@ -145,6 +150,7 @@ cdef class _MapStage:
         # Enough batches open for every thread to have a row, and one more
         # so that a thread finishing a batch finds the next one open.
         self.window = max(2, (threads + batch_rows - 1) // batch_rows + 1)
+        self.target = threads
         while self.threads < threads:
             wid = self.threads
             self.busy_since.append(0)
@@ -165,7 +171,7 @@ cdef class _MapStage:
                 self.pending = {}
             self._cv.notify_all()
 
-    def close(self, double grace):
+    def close(self, double grace=CLOSE_GRACE_S):
         """Stops and joins every thread (at most ``grace`` s in all); idempotent."""
         cdef int64_t deadline
         with self._cv:
@@ -253,7 +259,7 @@ cdef class _MapStage:
         cdef Py_ssize_t epoch = self.epoch
         cdef CopyPlan plan = CopyPlan.__new__(CopyPlan)
         plan._trusted = True   # the walk only takes samples apart
-        _tls.info = WorkerInfo(wid, self.threads, self.seed, epoch)
+        _tls.info = WorkerInfo(wid, self.target, self.seed, epoch)
         try:
             if self.worker_init is not None:
                 try:
@@ -268,7 +274,7 @@ cdef class _MapStage:
                 key = b.keys[row]
                 if epoch != self.epoch:
                     epoch = self.epoch
-                    _tls.info = WorkerInfo(wid, self.threads, self.seed, epoch)
+                    _tls.info = WorkerInfo(wid, self.target, self.seed, epoch)
                 if b.k >= self.stop_k:
                     self._row_done(b)   # an earlier batch failed: this one is never taken
                     continue
@@ -395,6 +401,7 @@ cdef class _MapStage:
                     b.nodes = nodes
                     b.cols = cols
                     first = True
+                    self._keep_blocks(cols)
         if not first:
             at = _tree_differs(b.nodes, nodes)
             if at >= 0:
@@ -402,6 +409,18 @@ cdef class _MapStage:
                 raise ValueError(f"the sample's structure differs from the batch's first sample at "
                                  f"{where}: every sample of a batch must have the same structure")
         self.bytes_collated += _fill_row(b.cols, leaves, row, b.nodes)
+
+    cdef _keep_blocks(self, list cols):
+        """Let the pool keep free blocks for the batches in flight (open in
+        the window, in the ring, a few held by the user), twice over for mixed
+        sizes, so that a steady state allocates nothing (as _Core._copy_batch)."""
+        cdef size_t nbytes = 0
+        for col in cols:
+            if (<_Column>col).kind != C_LIST and isinstance((<_Column>col).out, cnp.ndarray):
+                nbytes += <size_t>cnp.PyArray_NBYTES(<cnp.ndarray>(<_Column>col).out)
+        if nbytes > self.max_batch_bytes and self.pool.p != NULL:
+            self.max_batch_bytes = nbytes
+            pf_pool_set_keep(self.pool.p, 2 * (self.window + self.depth + 2) * nbytes)
 
     cdef _row_failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what):
         try:

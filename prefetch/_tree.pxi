@@ -53,7 +53,7 @@ cdef enum Base:     # how a K_STATE instance is allocated and its items set
 
 # Deeper than any real batch, far below what the iterative walk could take;
 # past it the batch is almost surely built by mistake (SPEC §4: an error).
-MAX_DEPTH = 100_000
+MAX_NESTING = 100_000
 
 cdef dict _leaf_types = {}          # type -> (copy, exclusive, close)
 cdef dict _container_types = {}     # type -> (flatten, unflatten)
@@ -257,10 +257,10 @@ cdef list _flatten(object tree, CopyPlan plan, list leaves):
         if n:
             if id(obj) in on_path:
                 raise ValueError(_cycle_message(nodes, path, obj))
-            if top + 1 >= MAX_DEPTH:
+            if top + 1 >= MAX_NESTING:
                 raise ValueError(
-                    f"the batch is nested deeper than {MAX_DEPTH} levels (a {t.__name__} at "
-                    f"depth {MAX_DEPTH}); a batch must be a tree of at most {MAX_DEPTH} levels")
+                    f"the batch is nested deeper than {MAX_NESTING} levels (a {t.__name__} at "
+                    f"depth {MAX_NESTING}); a batch must be a tree of at most {MAX_NESTING} levels")
             path.append(obj)
             on_path.add(id(obj))
             left.append(n)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import threading
 from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Optional, Sized, TypeVar
 
 from prefetch import adapters
@@ -68,6 +69,17 @@ class Prefetcher(_Lifecycle, Generic[T]):
     iterator); over a one-shot iterator it raises ``RuntimeError`` instead of
     silently yielding nothing.
 
+    Several threads may share one prefetcher, as they would a queue: each
+    batch goes to exactly one of them. ``iter()`` joins the epoch that is
+    running and starts the next one only once the stream ended, so threads
+    that each loop over the epochs share every epoch between them. A
+    ``next()`` still waiting when the stream ended (another thread took the
+    end, and may have started the next epoch) raises ``StopIteration``: it
+    ends with its epoch and never returns a batch of the next one.
+    ``ClosedError`` comes only from ``close()``. A signal handler that calls
+    ``next()`` while its thread waits in ``next()`` gets ``RuntimeError``
+    (the inner call would wait for the outer one forever).
+
     Parameters
     ----------
     source : iterable
@@ -112,6 +124,10 @@ class Prefetcher(_Lifecycle, Generic[T]):
                  device: Any = None, timeout: Optional[float] = None,
                  max_bytes: Optional[int] = None, name: Optional[str] = None,
                  copy: str = "auto") -> None:
+        # Serialises starting an epoch with other threads' iter(); re-entrant
+        # for a signal handler that calls iter() inside iter().
+        self._epoch_lock = threading.RLock()
+        self._closing = False   # close() was called: an epoch starting meanwhile closes too
         depth = _check_int("depth", depth, 1, MAX_DEPTH)
         workers = _check_int("workers", workers, 1, MAX_WORKERS)
         self._timeout = _check_timeout(timeout)
@@ -131,7 +147,7 @@ class Prefetcher(_Lifecycle, Generic[T]):
         # iterator is not (it would keep its last batch alive after close()).
         self._source: Optional[Iterable[T]] = None if iterator is source else source
         pool = _Pool()   # shared by the epochs: a new epoch reuses warm blocks
-        self._owned = (pool,)
+        self._owned = (pool,) if delivery is None else (delivery, pool)
         self._options = (depth, workers, cap, name, delivery, handover, pool)
         self._remember_caller()
         self._start(iterator)
@@ -141,13 +157,24 @@ class Prefetcher(_Lifecycle, Generic[T]):
 
     def __iter__(self) -> "Prefetcher[T]":
         core = self._core
-        if core is not None and core.state == "ended":
+        if core is None or core.state != "ended":
+            return self   # the epoch runs on: this loop joins it
+        with self._epoch_lock:
             if self._source is None:
                 raise RuntimeError(
                     f"{self!r} has ended and its source is a one-shot iterator; to loop "
                     "over several epochs, pass a re-iterable source (a list, a DataLoader)")
-            core.close()
-            self._start(iter(self._source))
+            if self._core is core and core.state == "ended" and not self._closing:
+                iterator = iter(self._source)
+                # Checked again: a signal handler may have started an epoch
+                # (or closed this one) inside iter(source).
+                if self._core is core and core.state == "ended":
+                    # The new core first, then the old one closed: a next()
+                    # in another thread never meets a closed core in between.
+                    self._start(iterator)
+                    core.close()
+                    if self._closing:   # close() may have read the old core: close the new one too
+                        self._core.close()
         return self
 
     if TYPE_CHECKING:

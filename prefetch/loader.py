@@ -91,7 +91,6 @@ class _Threaded(_Lifecycle):
     epochs, and a _Core per epoch that takes its batches."""
 
     _kind = "loader"
-    _closed = False
     _epoch = 0
 
     def _setup(self, load: Callable[[Any], Any], mode: int, collate: Any, workers: Any, seed: Any,
@@ -114,8 +113,8 @@ class _Threaded(_Lifecycle):
         # sample its own stream.
         self._seed = int.from_bytes(os.urandom(16), "little") if seed is None else seed
         pool = _Pool()
-        self._stage = _MapStage(load, mode, collate, pool, name, worker_init, self._seed, ordered)
-        self._owned = (self._stage, pool)
+        self._stage = _MapStage(load, mode, collate, pool, name, worker_init, self._seed, ordered, depth)
+        self._owned = (self._stage, pool) if delivery is None else (self._stage, delivery, pool)
         self._mode = mode
         self._name = name
         self._core_options = (depth, 1, cap, name, delivery, True, pool, mode == MAP_STACK)
@@ -131,7 +130,7 @@ class _Threaded(_Lifecycle):
         return self._fixed_workers or _usable_cpus()
 
     def _next_epoch(self) -> _Core:
-        if self._closed:
+        if self._closing:
             raise ClosedError(f"{self._kind} {self._name!r} is closed")
         old = self._core
         if old is not None:
@@ -155,19 +154,10 @@ class _Threaded(_Lifecycle):
 
     # -- lifecycle ------------------------------------------------------------
 
-    def close(self) -> None:
-        """Stop the threads, drop unconsumed batches and free the buffers.
-
-        Idempotent and safe from any thread. Batches the user still holds stay
-        valid; their memory is freed when they are collected.
-        """
-        self._closed = True
-        super().close()
-
     @property
     def closed(self) -> bool:
         """True once ``close()`` has run."""
-        return self._closed
+        return self._closing
 
     def stats(self) -> Stats:
         """A frozen snapshot: the current epoch's batch counters and the
@@ -183,7 +173,7 @@ class _Threaded(_Lifecycle):
 
     def __repr__(self) -> str:
         core = self._core
-        state = "closed" if self._closed else ("not started" if core is None else core.state)
+        state = "closed" if self._closing else ("not started" if core is None else core.state)
         return (f"<{type(self).__name__} name={self._name!r} workers={self._stage.threads} "
                 f"epoch={self._epoch - 1} state={state}>")
 

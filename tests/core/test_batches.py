@@ -18,7 +18,7 @@ import pytest
 
 import prefetch
 from prefetch import Prefetcher
-from prefetch._core import MAX_DEPTH, _kinds_size
+from prefetch._core import MAX_NESTING, _kinds_size
 
 
 def copy_of(batch):
@@ -164,24 +164,24 @@ WRAPS = {
 @pytest.mark.parametrize("kind", ["list", "dict", "tuple"])
 def test_200k_levels_raise_value_error_naming_the_depth(kind):
     """§4: 200,000 levels (which overflowed the fetch thread's stack) raise ValueError
-    naming MAX_DEPTH in the consumer; new prefetchers work afterwards."""
+    naming MAX_NESTING in the consumer; new prefetchers work afterwards."""
     batch = nest(200_000, WRAPS[kind][0], np.zeros(1))
-    err = stream_ends_with([np.ones(1), batch], ValueError, f"deeper than {MAX_DEPTH} levels")
-    assert f"a {kind} at depth {MAX_DEPTH}" in str(err)
+    err = stream_ends_with([np.ones(1), batch], ValueError, f"deeper than {MAX_NESTING} levels")
+    assert f"a {kind} at depth {MAX_NESTING}" in str(err)
 
 
 @pytest.mark.parametrize("kind", sorted(WRAPS))
 def test_max_depth_levels_are_copied_and_dropping_the_copy_is_safe(kind):
-    """§3: exactly MAX_DEPTH levels come out whole (one more is the error above); dropping
+    """§3: exactly MAX_NESTING levels come out whole (one more is the error above); dropping
     the rebuilt batch does not overflow the C stack (CPython's trashcan)."""
     wrap, unwrap = WRAPS[kind]
     x = np.arange(4)
-    out = copy_of(nest(MAX_DEPTH, wrap, x))
-    assert_fresh_copy(unnest(out, MAX_DEPTH, unwrap), x)
+    out = copy_of(nest(MAX_NESTING, wrap, x))
+    assert_fresh_copy(unnest(out, MAX_NESTING, unwrap), x)
     del out
     gc.collect()
     with pytest.raises(ValueError, match="deeper than"):
-        copy_of(nest(MAX_DEPTH + 1, wrap, x))
+        copy_of(nest(MAX_NESTING + 1, wrap, x))
 
 
 @pytest.mark.parametrize("kind", ["list", "dict", "tuple"])

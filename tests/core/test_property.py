@@ -11,7 +11,7 @@ the source yielded each batch: in order, exactly once, same structure and
 types, never sharing memory with anything the source returned, and unchanged
 however long the consumer keeps it while the source scribbles over its own
 buffers. Batches that contain themselves, and nesting up to and past
-MAX_DEPTH, end in the right batches or a ValueError in the consumer (§4).
+MAX_NESTING, end in the right batches or a ValueError in the consumer (§4).
 
 Hypothesis shrinks and prints any failing example; replay one with
 ``--hypothesis-seed=N``. Deadlines are off (timings vary with the machine) and
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from prefetch import Prefetcher
-from prefetch._core import MAX_DEPTH
+from prefetch._core import MAX_NESTING
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                       HealthCheck.function_scoped_fixture])
@@ -516,17 +516,17 @@ WRAPS = [
 
 @settings(max_examples=40, **SETTINGS)
 @given(kinds=st.lists(st.integers(0, len(WRAPS) - 1), min_size=1, max_size=8),
-       levels=st.one_of(st.integers(0, 3000), st.sampled_from([MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1])))
+       levels=st.one_of(st.integers(0, 3000), st.sampled_from([MAX_NESTING - 1, MAX_NESTING, MAX_NESTING + 1])))
 def test_deep_batches_come_out_whole_up_to_max_depth_and_raise_past_it(kinds, levels):
-    """§3/§4: nesting of mixed container kinds is copied whole up to MAX_DEPTH levels
+    """§3/§4: nesting of mixed container kinds is copied whole up to MAX_NESTING levels
     and raises ValueError naming the bound past it; the stream ends either way."""
     x = np.arange(3)
     batch = x
     for i in range(levels):
         batch = WRAPS[kinds[i % len(kinds)]][0](batch)
     with Prefetcher([batch]) as p:
-        if levels > MAX_DEPTH:
-            with pytest.raises(ValueError, match=f"deeper than {MAX_DEPTH} levels"):
+        if levels > MAX_NESTING:
+            with pytest.raises(ValueError, match=f"deeper than {MAX_NESTING} levels"):
                 next(p)
         else:
             out = next(p)
