@@ -229,7 +229,11 @@ cdef class _MapStage:
                 break
             if self.exhausted and not self.pending or self.stop_k <= self.taken:
                 if self.epoch_failure is not None:
-                    raise _Noted(self.epoch_failure)
+                    # Raised once, and not kept: the stage outlives the consumer's
+                    # frames, which the error's traceback holds (the finalizer's
+                    # registry keeps the stage, so a kept error keeps them forever).
+                    failure, self.epoch_failure = self.epoch_failure, None
+                    raise _Noted(failure)
                 raise StopIteration
             with self._cv:
                 if gen == self.gen and not self.closed:
@@ -240,7 +244,8 @@ cdef class _MapStage:
             self._cv.notify_all()   # room in the window
         if b.failure is not None:
             self.stop_k = min(self.stop_k, self.taken)
-            raise _Noted(b.failure)
+            failure, b.failure = b.failure, None   # not kept: as epoch_failure above
+            raise _Noted(failure)
         if self.mode == M_STACK:
             return _unflatten(b.nodes, [(<_Column>c).result() for c in b.cols])
         result = b.result

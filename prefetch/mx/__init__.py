@@ -1,6 +1,7 @@
 """MXNet adapter: NDArray leaves, DataBatch containers, ``device=`` an MXNet
-context, and ``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter``
-(SPEC §2, §3, §5, §6).
+context, ``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter``, and
+``DataLoader``, a drop-in for ``mx.gluon.data.DataLoader`` on threads
+(SPEC §2, §3, §5, §6, §9).
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: mxnet``) the first time a batch holds an MXNet
@@ -10,7 +11,8 @@ types and carries MXNet's per-thread NumPy modes to the fetch thread.
 """
 from prefetch import ClosedError
 from prefetch.mx import _collate, _device, _modes, _ndarray  # noqa: F401  (register their types)
+from prefetch.mx._dataloader import DataLoader
 from prefetch.mx._iter import PrefetchingIter
 from prefetch.mx._patch import patch, unpatch
 
-__all__ = ["ClosedError", "PrefetchingIter", "patch", "unpatch"]
+__all__ = ["ClosedError", "DataLoader", "PrefetchingIter", "patch", "unpatch"]

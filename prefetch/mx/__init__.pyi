@@ -1,14 +1,15 @@
 # Stubs for prefetch.mx, the MXNet adapter (checked by tests/mx/test_mx_typing.py).
 # MXNet ships no type information: its types (DataIter, DataBatch, NDArray,
 # Context, DataDesc) are Any to a type checker.
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
+from mxnet.gluon.data import DataLoader as _GluonDataLoader
 from mxnet.io import DataIter
 
 from prefetch import ClosedError as ClosedError
 from prefetch._types import Stats
 
-__all__ = ["ClosedError", "PrefetchingIter", "patch", "unpatch"]
+__all__ = ["ClosedError", "DataLoader", "PrefetchingIter", "patch", "unpatch"]
 
 _Renames = Optional[list[dict[str, str]]]
 
@@ -46,3 +47,19 @@ class PrefetchingIter(DataIter):
 
 def patch(depth: int = ..., **options: Any) -> type[PrefetchingIter]: ...
 def unpatch() -> None: ...
+
+class DataLoader(_GluonDataLoader):
+    auto_reload: bool
+    def __init__(self, dataset: Any, batch_size: Optional[int] = ..., shuffle: bool = ...,
+                 sampler: Any = ..., last_batch: Optional[str] = ..., batch_sampler: Any = ...,
+                 batchify_fn: Optional[Callable[[list[Any]], Any]] = ..., num_workers: int = ...,
+                 pin_memory: bool = ..., pin_device_id: int = ..., prefetch: Optional[int] = ...,
+                 thread_pool: bool = ..., timeout: float = ..., auto_reload: bool = ...) -> None: ...
+    def __iter__(self) -> Iterator[Any]: ...
+    def __len__(self) -> int: ...
+    def refresh(self) -> None: ...
+    def clean(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> DataLoader: ...
+    def __exit__(self, *exc_info: object) -> None: ...
+    def __del__(self) -> None: ...

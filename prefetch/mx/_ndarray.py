@@ -60,6 +60,8 @@ def _copy_ndarray(nd, plan):
                 ctx = mx.cpu(0)
         out = _np_shape_copy(nd, ctx)
     copies.append(out)
+    if isinstance(nd, mx.np.ndarray) and not isinstance(out, mx.np.ndarray):
+        out = out.as_np_ndarray()   # numpy-mode arrays stay mx.np (a second handle, no copy)
     return out
 
 

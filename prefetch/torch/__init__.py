@@ -1,13 +1,16 @@
-"""PyTorch adapter: ``torch.Tensor`` leaves and ``device=`` a ``torch.device``
-(SPEC §2, §3, §5).
+"""PyTorch adapter: ``torch.Tensor`` leaves, ``device=`` a ``torch.device``
+(SPEC §2, §3, §5), and ``DataLoader``, a drop-in for
+``torch.utils.data.DataLoader`` that loads on threads (SPEC §9).
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: torch``) the first time a batch holds a torch
 object or ``device=`` is a ``torch.device``, and importing it registers the
-Tensor and device types. Importing it yourself is never needed.
+Tensor and device types. Import it yourself for ``DataLoader`` and
+``get_worker_info``.
 """
 from prefetch.torch import _collate, _device, _tensor  # noqa: F401  (register their types)
+from prefetch.torch._dataloader import DataLoader, get_worker_info
 from prefetch.torch._device import CpuDelivery, CudaDelivery
 from prefetch.torch._tensor import copy_tensor
 
-__all__ = ["CpuDelivery", "CudaDelivery", "copy_tensor"]
+__all__ = ["CpuDelivery", "CudaDelivery", "DataLoader", "copy_tensor", "get_worker_info"]

@@ -252,3 +252,16 @@ def test_gluon_dataloader_delivered_on_device(loader_kw):
     assert all(a.context == ctx for b in batches for a in b)
     assert np.concatenate([b[0].asnumpy() for b in batches]).tolist() == x.tolist()
     assert np.concatenate([b[1].asnumpy() for b in batches]).tolist() == y.tolist()
+
+
+def test_numpy_mode_arrays_stay_mx_np():
+    """§3 (issue 17): an mx.np.ndarray leaf comes out an mx.np.ndarray (Gluon's
+    batches under npx.set_np are), with its values, not the source's memory."""
+    with mx.util.np_shape(True), mx.util.np_array(True):
+        src = mx.np.arange(6.0).reshape(2, 3)
+        with prefetch.Prefetcher([[src]]) as p:
+            (out,), = list(p)
+        assert type(out) is mx.np.ndarray and out.shape == (2, 3)
+        assert out.asnumpy().tolist() == src.asnumpy().tolist()
+        src[:] = -1
+        assert out.asnumpy()[0, 0] == 0.0
