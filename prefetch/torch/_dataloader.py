@@ -14,7 +14,7 @@ everything else on the consumer's thread.
 """
 from __future__ import annotations
 
-import collections
+import collections.abc
 import copy
 import random
 import threading
@@ -23,7 +23,7 @@ import weakref
 from typing import Any, TypeVar
 
 import numpy as np
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
@@ -332,6 +332,24 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.close()
 
 
+def _as_torch(batch: Any) -> Any:
+    """A Loader-collated batch as torch's default_collate gives it: numpy
+    arrays as tensors over the same memory, tuples as lists (torch's
+    backwards compatibility); namedtuples, dicts, lists and strings kept."""
+    t = type(batch)
+    if t is np.ndarray:
+        return torch.from_numpy(batch)
+    if t is dict:
+        return {k: _as_torch(v) for k, v in batch.items()}
+    if t is list or t is tuple:
+        return [_as_torch(v) for v in batch]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return t(*(_as_torch(v) for v in batch))
+    if isinstance(batch, collections.abc.Mapping):
+        return t({k: _as_torch(v) for k, v in batch.items()})
+    return batch
+
+
 class _ThreadIter:
     """One epoch (or, with persistent workers, every epoch) of a DataLoader."""
 
@@ -360,9 +378,6 @@ class _ThreadIter:
         # state gives the same shuffle as torch's.
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         self._shards: list[_Shard] = []
-        if self._iterable:
-            self._shards = [_Shard(w, loader, base_seed) for w in range(threads)]
-            self._source: Any = _ShardMap(self._shards, options)
         self._batches: _Batches | None = None
         self._init: _InitThread | None = None
         if self._iterable:
@@ -372,12 +387,17 @@ class _ThreadIter:
             auto = loader._auto_collation
             self._batches = _Batches(self._index_sampler, single=not auto)
             self._init = _InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
-            self._source = Loader(loader.dataset, batch_sampler=self._batches,
-                                  collate=loader.collate_fn if auto else _OneSample(loader.collate_fn),
+            # torch's default_collate: the Loader's own collate gives the same batches,
+            # each sample copied once into its row (torch stacks a list, then copies
+            # again into shared memory); _as_torch turns its numpy leaves into tensors.
+            self._convert = auto and loader.collate_fn is default_collate
+            collate = None if self._convert else loader.collate_fn if auto else _OneSample(loader.collate_fn)
+            self._source = Loader(loader.dataset, batch_sampler=self._batches, collate=collate,
                                   worker_init=self._init, **options)
         # torch's iterators have no close(): one dropped mid-epoch closes its loader.
         weakref.finalize(self, self._source.close)
         self._resume = self._done = False
+        self._convert = getattr(self, "_convert", False)
         self._yielded = 0
         self._epoch: Any = None
         self._reset(loader)
@@ -435,6 +455,8 @@ class _ThreadIter:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
                           f"(when accessing len(dataloader)), but {self._yielded} samples have been "
                           "fetched. " + _REPLICAS * (self._num_workers > 0), stacklevel=2)
+        if self._convert:
+            batch = _as_torch(batch)
         if self._pin:
             batch = _pin(batch, self._pin_device)
         return batch
