@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import operator
 import threading
+import time
 import warnings
 import weakref
 from copy import copy as _shallow_copy

@@ -78,7 +78,21 @@ cdef class _MapStage:
     cdef object _cv
     cdef list _threads
     cdef readonly int threads      # threads started
-    cdef int target                # threads wanted this epoch (WorkerInfo.num_workers)
+    cdef int target                # threads that claim work; more may be parked (workers="auto")
+    cdef Py_ssize_t rows           # rows per batch, for the window
+    # workers="auto" (_tune, on the fetch thread): a window of batches is
+    # measured; while the fetch thread waits for the threads and CPU is left,
+    # a trial adds threads, kept only on a measured gain.
+    cdef int max_threads           # 0: a fixed count
+    cdef int ceiling               # no trial above this (lowered by a failed trial)
+    cdef int retry                 # windows until the ceiling is lifted again
+    cdef int trial_from            # the count before the trial running, or 0
+    cdef double trial_rate
+    cdef int64_t tune_t0, tune_wait0, wait_ns
+    cdef double tune_cpu0
+    cdef uint64_t tune_samples0
+    cdef Py_ssize_t tune_batches
+    cdef double cpus
     cdef int depth                 # the ring's, for the pool's keep
     cdef size_t max_batch_bytes    # the largest batch's blocks so far
     cdef bint closed
@@ -127,10 +141,21 @@ cdef class _MapStage:
 
     # -- consumer side (the Loader, under the GIL) ---------------------------
 
+    def set_auto(self, int max_threads, double cpus):
+        """workers="auto": from one thread up to ``max_threads``, growing while
+        that helps and less than ``cpus`` CPUs are busy."""
+        self.max_threads = max_threads
+        self.ceiling = max_threads
+        self.cpus = cpus
+
     def start_epoch(self, batches, Py_ssize_t epoch, Py_ssize_t n_keys, int threads,
                     Py_ssize_t batch_rows):
         """Begins an epoch over ``batches`` (an iterator of lists of keys) on
-        ``threads`` threads; returns its generation for _EpochSource."""
+        ``threads`` threads (auto: as many as the last epoch ended with); returns
+        its generation for _EpochSource."""
+        if self.max_threads:
+            threads = max(self.target, 1)
+            self.tune_t0 = 0   # the first batch of an epoch starts a window
         with self._cv:
             self.gen += 1
             self.epoch = epoch
@@ -153,6 +178,7 @@ cdef class _MapStage:
         # so that a thread finishing a batch finds the next one open.
         self.window = max(2, (threads + batch_rows - 1) // batch_rows + 1)
         self.target = threads
+        self.rows = batch_rows
         while self.threads < threads:
             wid = self.threads
             self.busy_since.append(0)
@@ -198,7 +224,7 @@ cdef class _MapStage:
                           RuntimeWarning, stacklevel=3)
 
     def stats(self):
-        return dict(workers=self.threads, load_s=self.load_ns / 1e9, loader_idle_s=self.idle_ns / 1e9,
+        return dict(workers=self.target, load_s=self.load_ns / 1e9, loader_idle_s=self.idle_ns / 1e9,
                     samples=self.samples, bytes_collated=self.bytes_collated)
 
     def describe(self):
@@ -214,6 +240,7 @@ cdef class _MapStage:
         """The next batch of epoch ``gen`` (in order, or the first complete
         one); StopIteration at its end; _Noted(error) in its place."""
         cdef _Batch b = None
+        cdef int64_t t0
         while True:
             if self.closed or gen != self.gen:
                 raise _Closing()
@@ -235,13 +262,17 @@ cdef class _MapStage:
                     failure, self.epoch_failure = self.epoch_failure, None
                     raise _Noted(failure)
                 raise StopIteration
+            t0 = pf_now_ns()
             with self._cv:
                 if gen == self.gen and not self.closed:
                     self._cv.wait(WAIT_SLICE_S)
+            self.wait_ns += pf_now_ns() - t0
         del self.pending[b.k]
         self.taken += 1
+        if self.max_threads:
+            self._tune()
         with self._cv:
-            self._cv.notify_all()   # room in the window
+            self._cv.notify_all()   # room in the window (and parked threads' turn)
         if b.failure is not None:
             self.stop_k = min(self.stop_k, self.taken)
             failure, b.failure = b.failure, None   # not kept: as epoch_failure above
@@ -251,6 +282,49 @@ cdef class _MapStage:
         result = b.result
         b.result = None
         return result
+
+    cdef _tune(self):
+        """workers="auto", after each batch taken (fetch thread, GIL held)."""
+        cdef int64_t now = pf_now_ns(), elapsed
+        cdef double rate, waited, busy
+        cdef int grown
+        if self.tune_t0 == 0:
+            self._new_window(now)
+            return
+        self.tune_batches += 1
+        elapsed = now - self.tune_t0
+        if self.tune_batches < 4 or elapsed < 100 * 1000 * 1000:
+            return
+        rate = (self.samples - self.tune_samples0) / (elapsed / 1e9)
+        waited = (self.wait_ns - self.tune_wait0) / <double>elapsed
+        busy = (time.process_time() - self.tune_cpu0) / (elapsed / 1e9)
+        self._new_window(now)
+        if self.trial_from:
+            if rate < 1.05 * self.trial_rate:
+                # No measured gain: back, and no trial above it for a while
+                # (a GIL-bound dataset, or the CPUs were already full).
+                self.ceiling = self.trial_from
+                self.retry = 50
+                self._set_threads(self.trial_from, self.rows)
+            self.trial_from = 0
+            return
+        if self.retry:
+            self.retry -= 1
+            if not self.retry:
+                self.ceiling = self.max_threads
+        if waited > 0.1 and self.target < self.ceiling and busy < self.cpus - 0.25:
+            self.trial_from = self.target
+            self.trial_rate = rate
+            grown = min(self.ceiling, self.target + max(1, self.target // 2))
+            with self._cv:
+                self._set_threads(grown, self.rows)
+
+    cdef _new_window(self, int64_t now):
+        self.tune_t0 = now
+        self.tune_batches = 0
+        self.tune_samples0 = self.samples
+        self.tune_wait0 = self.wait_ns
+        self.tune_cpu0 = time.process_time()
 
     # -- loader threads ------------------------------------------------------
 
@@ -272,7 +346,7 @@ cdef class _MapStage:
                 self._fail_thread(wid, exc)
                 return
             while True:
-                b = self._claim(&row)
+                b = self._claim(wid, &row)
                 if b is None:
                     return
                 key = b.keys[row]
@@ -307,14 +381,20 @@ cdef class _MapStage:
         finally:
             _tls.info = None
 
-    cdef _Batch _claim(self, Py_ssize_t *row):
-        """The batch and row this thread loads next, in sampler order; None once closed."""
+    cdef _Batch _claim(self, int wid, Py_ssize_t *row):
+        """The batch and row this thread loads next, in sampler order; None once
+        closed. A thread numbered past the target count waits (parked)."""
         cdef _Batch b
         cdef int64_t t0
         while True:
             b = self.cur
             if self.closed:
                 return None
+            if wid >= self.target:
+                with self._cv:
+                    if not self.closed and wid >= self.target:
+                        self._cv.wait(WAIT_SLICE_S)
+                continue
             if b is not None and self.cur_row < b.n and b.gen == self.gen:
                 row[0] = self.cur_row
                 self.cur_row += 1

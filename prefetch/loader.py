@@ -37,6 +37,9 @@ from prefetch.iterator import MAX_BYTES, MAX_DEPTH, MAX_WORKERS, _check_int, _ch
 __all__ = ["Loader", "map", "sample_rng", "worker_info"]
 
 T = TypeVar("T")
+# workers="auto" grows past the CPUs only while they stay idle (I/O-like
+# samples); this bounds the threads even then.
+AUTO_MAX_THREADS = 64
 
 
 def _usable_cpus() -> int:
@@ -117,6 +120,9 @@ class _Threaded(_Lifecycle):
         self._stage = _MapStage(load, mode, collate, pool, name, worker_init, self._seed, ordered, depth,
                                 self._thread_states)
         self._owned = (self._stage, pool) if delivery is None else (self._stage, delivery, pool)
+        if self._fixed_workers is None:
+            # Past the CPUs only while the threads leave CPUs idle (waiting on I/O).
+            self._stage.set_auto(AUTO_MAX_THREADS, _usable_cpus())
         self._mode = mode
         self._name = name
         self._core_options = (depth, 1, cap, name, delivery, True, pool, mode == MAP_STACK)
@@ -129,7 +135,7 @@ class _Threaded(_Lifecycle):
         raise NotImplementedError
 
     def _threads(self) -> int:
-        return self._fixed_workers or _usable_cpus()
+        return self._fixed_workers or 0   # 0: the stage's own choice (auto)
 
     def _next_epoch(self) -> _Core:
         if self._closing:
@@ -216,8 +222,11 @@ class Loader(_Threaded, Generic[T]):
     drop_last : bool, default False
         Drop the last batch when it is smaller than ``batch_size``.
     workers : int or "auto", default "auto"
-        Threads calling ``dataset[i]``; "auto" uses as many as the CPUs this
-        process may run on.
+        Threads calling ``dataset[i]``. "auto" starts with one and adds
+        threads while the consumer waits for batches and a measured gain
+        follows, up to the CPUs this process may use, or beyond while those
+        stay idle (samples waiting on I/O); fewer when more do not help (a
+        dataset that holds the GIL). ``stats().workers`` shows the count.
     collate : callable(list of samples) -> batch, optional
         Replaces the default collate; runs on a loader thread, and its result
         is handed out like a ``Prefetcher`` batch (copied unless only it holds

@@ -463,3 +463,26 @@ def test_map_over_a_one_shot_iterator_refuses_a_second_epoch():
         assert list(results) == ["0", "1", "2"]
         with pytest.raises(RuntimeError, match="one-shot"):
             iter(results)
+
+
+def test_auto_workers_grow_past_the_cpus_for_io_like_samples_and_show_in_stats():
+    """§9: workers="auto" adds threads while the consumer waits and the CPUs stay idle
+    (a sample that sleeps stands for I/O); stats() shows the count in use."""
+    import os
+    import time
+
+    class Sleepy:
+        def __len__(self):
+            return 120
+
+        def __getitem__(self, i):
+            time.sleep(0.005)
+            return np.full(2, i)
+
+    cpus = len(os.sched_getaffinity(0))
+    with Loader(Sleepy(), batch_size=4, workers="auto") as loader:
+        assert loader.stats().workers == 0          # nothing started before the first epoch
+        for _ in range(4):
+            got = [b[:, 0].tolist() for b in loader]
+            assert got == [list(range(s, s + 4)) for s in range(0, 120, 4)]
+        assert loader.stats().workers > cpus
