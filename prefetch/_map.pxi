@@ -82,7 +82,7 @@ cdef class _MapStage:
     cdef Py_ssize_t rows           # rows per batch, for the window
     # workers="auto" (_tune, on the fetch thread): a window of batches is
     # measured; while the fetch thread waits for the threads and CPU is left,
-    # a trial adds threads, kept only on a measured gain.
+    # a trial doubles the threads, kept only on a measured gain.
     cdef int max_threads           # 0: a fixed count
     cdef int ceiling               # no trial above this (lowered by a failed trial)
     cdef int retry                 # windows until the ceiling is lifted again
@@ -293,7 +293,7 @@ cdef class _MapStage:
             return
         self.tune_batches += 1
         elapsed = now - self.tune_t0
-        if self.tune_batches < 4 or elapsed < 100 * 1000 * 1000:
+        if self.tune_batches < 3 or elapsed < 50 * 1000 * 1000:
             return
         rate = (self.samples - self.tune_samples0) / (elapsed / 1e9)
         waited = (self.wait_ns - self.tune_wait0) / <double>elapsed
@@ -315,7 +315,7 @@ cdef class _MapStage:
         if waited > 0.1 and self.target < self.ceiling and busy < self.cpus - 0.25:
             self.trial_from = self.target
             self.trial_rate = rate
-            grown = min(self.ceiling, self.target + max(1, self.target // 2))
+            grown = min(self.ceiling, 2 * self.target)
             with self._cv:
                 self._set_threads(grown, self.rows)
 

@@ -222,8 +222,8 @@ class Loader(_Threaded, Generic[T]):
     drop_last : bool, default False
         Drop the last batch when it is smaller than ``batch_size``.
     workers : int or "auto", default "auto"
-        Threads calling ``dataset[i]``. "auto" starts with one and adds
-        threads while the consumer waits for batches and a measured gain
+        Threads calling ``dataset[i]``. "auto" starts with one and doubles
+        them while the consumer waits for batches and a measured gain
         follows, up to the CPUs this process may use, or beyond while those
         stay idle (samples waiting on I/O); fewer when more do not help (a
         dataset that holds the GIL). ``stats().workers`` shows the count.
