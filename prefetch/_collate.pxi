@@ -23,6 +23,7 @@ cdef class _Column:
     cdef int kind
     cdef object out            # the batch's leaf being filled: an ndarray or a list
     cdef object dtype          # a sample leaf's dtype (array and number columns)
+    cdef cnp.PyArray_Descr *descr   # borrowed from dtype: the fast check
     cdef tuple shape           # a sample leaf's shape (array columns)
     cdef type leaf_type        # the first sample's leaf type; every sample's must be the same
     cdef object as_numpy       # a framework leaf's host numpy view, or None
@@ -97,6 +98,7 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
                 raise ValueError(f"cannot stack the {nd - 1}-d array at {_leaf_path(nodes, j)}: "
                                  f"numpy allows at most {cnp.NPY_MAXDIMS} dimensions")
             col.dtype = arr.dtype
+            col.descr = cnp.PyArray_DESCR(a)
             col.shape = arr.shape
             dims[0] = n
             for d in range(1, nd):
@@ -136,7 +138,7 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes) except? 
             continue
         arr = leaf if col.as_numpy is None else col.as_numpy(leaf)
         a = <cnp.ndarray>arr
-        if type(arr) is not cnp.ndarray or arr.shape != col.shape or arr.dtype != col.dtype:
+        if type(arr) is not cnp.ndarray or not _fits(a, col):
             raise ValueError(
                 f"{_leaf_path(nodes, j)} has shape {getattr(arr, 'shape', '?')} and dtype "
                 f"{getattr(arr, 'dtype', '?')} where the batch's first sample has shape "
@@ -158,6 +160,18 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes) except? 
             cnp.PyArray_CopyInto(<cnp.ndarray>out[r], a)   # numpy drops the GIL for large copies
         copied += nbytes
     return copied
+
+
+cdef bint _fits(cnp.ndarray a, _Column col) except -1:
+    """``a`` has the column's shape and dtype (in C first: no tuple is built)."""
+    cdef int d, nd = cnp.PyArray_NDIM(a)
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(a)
+    if nd != len(col.shape):
+        return False
+    for d in range(nd):
+        if dims[d] != <cnp.npy_intp>col.shape[d]:
+            return False
+    return cnp.PyArray_DESCR(a) == col.descr or a.dtype == col.dtype
 
 
 cdef Py_ssize_t _tree_differs(list a, list b):

@@ -469,15 +469,22 @@ cdef class _MapStage:
     cdef _take_sample(self, _Batch b, Py_ssize_t row, object sample, CopyPlan plan):
         cdef list leaves
         cdef Py_ssize_t at
-        cdef bint first = False
+        cdef bint first = False, flat = False
         if self.mode == M_SINGLE:
             b.result = sample if self.collate is None else self.collate(sample)
             return
         if self.mode == M_CUSTOM:
             b.samples[row] = sample
             return
-        leaves = []
-        nodes = _flatten(sample, plan, leaves)
+        leaves = _flat_leaves(sample)
+        flat = leaves is not None
+        if flat:
+            # The common sample, (image, label): its structure without a walk.
+            nodes = [(K_TUPLE if type(sample) is tuple else K_LIST, None, len(leaves))]
+            nodes.extend([None] * len(leaves))
+        else:
+            leaves = []
+            nodes = _flatten(sample, plan, leaves)
         if b.cols is None:
             with self._lock:
                 if b.cols is None:
@@ -486,7 +493,9 @@ cdef class _MapStage:
                     b.cols = cols
                     first = True
                     self._keep_blocks(cols)
-        if not first:
+        if not first and not (flat and len(b.nodes) == len(nodes) and b.nodes[0] == nodes[0]):
+            # (A flat sample has the batch's structure when the root and the
+            # count agree: each child of the root is then a leaf.)
             at = _tree_differs(b.nodes, nodes)
             if at >= 0:
                 where = _node_paths(nodes, "sample")[at] if at < len(nodes) else "sample"
@@ -542,6 +551,19 @@ cdef class _MapStage:
         self.stop_k = min(self.stop_k, self.taken)
         with self._cv:
             self._cv.notify_all()
+
+
+cdef list _flat_leaves(object sample):
+    """The items of a tuple or list sample when each is an array, a number, a
+    str or None (leaves the walk would pass or stack as they are); else None."""
+    cdef type t = type(sample)
+    if t is not tuple and t is not list:
+        return None
+    for x in sample:
+        t = type(x)
+        if not (t is cnp.ndarray or t is int or t is float or t is str or t is bool or x is None):
+            return None
+    return list(sample)
 
 
 @cython.final
