@@ -127,6 +127,7 @@ cdef class _Core:
     cdef bint _own_pool            # close() closes _pool_obj
     cdef bint _owned               # the source yields batches only this core holds (no copy)
     cdef object _wake              # called by close() to wake a source waiting for work
+    cdef object _describe          # () -> str: what a loader's threads are doing, for TimeoutError
     cdef pf_copier _copier
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef bint _copier_ok           # _copier threads running (fini by the fetch thread)

@@ -81,7 +81,7 @@ def _live_counts():
 @cython.final
 cdef class _Core:
     def __cinit__(self, source, int depth, int workers, uint64_t max_bytes, name, delivery,
-                  bint handover=True, _Pool pool=None, bint owned=False, wake=None):
+                  bint handover=True, _Pool pool=None, bint owned=False, wake=None, describe=None):
         global _live_cores
         cdef int rc = PF_OK
         _live_cores += 1
@@ -93,6 +93,7 @@ cdef class _Core:
         self._delivery = delivery
         self._owned = owned
         self._wake = wake
+        self._describe = describe
         self._consumer_lock = threading.Lock()
         self._close_lock = threading.RLock()
         self.name = name
@@ -369,9 +370,10 @@ cdef class _Core:
                 if self.closed:   # by a signal handler just now, or by another thread
                     raise ClosedError(f"prefetcher {self.name!r} was closed while waiting")
                 if timeout is not None and pf_now_ns() >= deadline:
+                    doing = _DOING[self._doing] if self._describe is None else self._describe()
                     raise TimeoutError(
                         f"no batch from prefetcher {self.name!r} within {timeout} s; its "
-                        f"worker is {_DOING[self._doing]} (batch {self._batch_no})")
+                        f"worker is {doing} (batch {self._batch_no})")
                 if self._thread is None or not self._thread.is_alive():
                     # The worker publishes before it exits; re-check once so
                     # a batch published just before its exit is not missed.

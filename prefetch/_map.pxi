@@ -230,9 +230,10 @@ cdef class _MapStage:
     def describe(self):
         """What the threads are doing, for a TimeoutError."""
         cdef int64_t now = pf_now_ns()
-        busy = [f"{self.name}-w{w} in load({self.busy_key[w]!r}) for {(now - self.busy_since[w]) / 1e9:.1f} s"
+        busy = [f"thread {self.name}-w{w} inside load({self.busy_key[w]!r}) for "
+                f"{(now - self.busy_since[w]) / 1e9:.1f} s"
                 for w in range(self.threads) if self.busy_since[w]]
-        return "; ".join(busy) if busy else "no thread is loading"
+        return ("waiting for its loader threads: " + ("; ".join(busy) if busy else "none is loading"))
 
     # -- the fetch thread ----------------------------------------------------
 

@@ -147,7 +147,7 @@ class _Threaded(_Lifecycle):
         gen = self._stage.start_epoch(batches, self._epoch, n_keys, self._threads(), rows)
         self._epoch += 1
         core = _Core(_EpochSource(self._stage, gen), *self._core_options,
-                     wake=functools.partial(self._stage.abandon, gen))
+                     wake=functools.partial(self._stage.abandon, gen), describe=self._stage.describe)
         self._install(core, self._thread_states)
         return core
 

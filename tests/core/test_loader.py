@@ -367,7 +367,7 @@ def test_timeout_names_what_is_loading_and_the_stream_continues():
     with Loader(Slow(), batch_size=2, workers=1, timeout=0.2) as loader:
         try:
             assert next(loader).ravel().tolist() == [0, 1]
-            with pytest.raises(TimeoutError):
+            with pytest.raises(TimeoutError, match=r"inside load\(2\)"):
                 next(loader)
         finally:
             release.set()
