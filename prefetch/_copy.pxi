@@ -147,6 +147,35 @@ cdef class CopyPlan:
             raise TypeError(f"CopyPlan.array needs a numpy.ndarray, got {type(a).__name__}")
         return self._copy_array(a)
 
+    def _array_at(self, keep, Py_ssize_t address, shape, cnp.dtype dtype not None):
+        """``array`` for memory numpy has no view of: a fresh C-contiguous
+        pool-backed array of ``shape`` and ``dtype``, whose bytes are copied
+        later in this batch from the C-contiguous memory at ``address``, which
+        ``keep`` keeps valid until then. For the adapters in this package only
+        (the address is trusted): where making a numpy view of a framework's
+        small array costs more than its copy."""
+        cdef cnp.npy_intp dims[64]   # NPY_MAXDIMS of numpy 2
+        cdef int i, nd = len(shape)
+        cdef size_t nbytes = <size_t>dtype.itemsize
+        cdef _Block base
+        if nd > 64:
+            raise ValueError(f"CopyPlan._array_at: {nd} dimensions, numpy allows 64")
+        for i in range(nd):
+            dims[i] = shape[i]
+            nbytes *= <size_t>dims[i]
+        if nbytes and not address:
+            raise ValueError("CopyPlan._array_at: no memory at address 0")
+        base = _Block.__new__(_Block)
+        base.blk = take_block(self, nbytes)
+        Py_INCREF_Descr(<cnp.PyArray_Descr *>dtype)
+        out = PyArray_NewFromDescr(np.ndarray, <cnp.PyArray_Descr *>dtype, nd, dims, NULL,
+                                   base.blk.data, cnp.NPY_ARRAY_CARRAY, None)
+        cnp.set_array_base(<cnp.ndarray>out, base)
+        if nbytes:
+            self._add_job(base.blk.data, <const void *>address, nbytes)
+            self._sources.append(keep)
+        return out
+
     cdef void _find_sole(self, PyObject *root) except *:
         """Mark the leaves of ``root`` that only the fetch thread can reach.
 

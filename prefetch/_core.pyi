@@ -15,6 +15,7 @@ class CopyPlan:
     device: Any
     batches: int
     def array(self, a: Any) -> Any: ...
+    def _array_at(self, keep: Any, address: int, shape: Any, dtype: Any) -> Any: ...
 
 class _Core:
     name: str
