@@ -1,12 +1,13 @@
 """``torch.Tensor`` leaves (SPEC §3), registered on import.
 
-A CPU tensor is copied by the core: its memory is seen as a numpy array (no
-copy), ``plan.array`` gives a pool block that the core fills later in the
-batch without the GIL, and ``torch.from_numpy`` wraps that block, so the
-tensor handed out owns the block and it goes back to the pool only when torch
-frees the tensor (SPEC §5).
+A CPU tensor is copied by the core: a pool block that the core fills later
+in the batch without the GIL, wrapped by ``torch.from_numpy``, so the tensor
+handed out owns the block and it goes back to the pool only when torch frees
+the tensor (SPEC §5). A plain contiguous tensor is read from its address
+(``plan._array_at``, its storage kept alive until the memcpy ran); any other
+is seen as a numpy array first (``.numpy()``, no copy) for ``plan.array``.
 
-What comes out (the README says the same):
+What comes out of a copy (the README says the same):
 - a plain ``torch.Tensor`` with the input's shape, dtype and values, its own
   storage, ``requires_grad=False`` and no ``grad_fn`` (copied by value, as
   ``t.detach().clone()``); a ``torch.nn.Parameter`` (or ``Buffer``) comes out
@@ -28,9 +29,13 @@ memory, and the tensor is handed out as is. A tensor's Python reference count
 says nothing about its storage, which other tensors (views, ``detach()``,
 ``set_()``), numpy arrays (``.numpy()``, ``from_numpy``), DLPack exports or
 other processes (shared memory) may reach; ``exclusive`` asks torch about
-each (see there). What it cannot see: a C++ weak pointer to the storage
-(``torch.multiprocessing.reductions.StorageWeakRef``), which torch keeps for
-shared-memory storages only, and those are copied.
+each (see there). A handed-over tensor is the source's object itself, as
+it was (type, layout, dtype), and only a plain contiguous CPU tensor without
+autograd state qualifies: what a copy of it would look like. What the proof
+cannot see: a C++ weak pointer to the storage
+(``torch.multiprocessing.reductions.StorageWeakRef``, which torch keeps for
+its shared-memory cache, whose storages are copied anyway, and in compiler
+internals); a source that revives a storage through one is not detected.
 
 Threading contract: ``copy_tensor`` and ``exclusive`` run on a prefetcher's
 fetch thread with the GIL held.
