@@ -202,7 +202,8 @@ def _copy_unusual(t: Tensor) -> Tensor:
         # that stream (and the source's later writes) are ordered after it.
         return t.detach().clone(memory_format=torch.contiguous_format)
     if t.layout is not torch.strided:
-        what = "sparse tensors are not supported (convert with .to_dense())"
+        kind = "mkldnn" if t.layout is getattr(torch, "_mkldnn", None) else "sparse"
+        what = f"{kind} tensors are not supported (convert with .to_dense())"
     elif t.is_quantized:
         what = "quantized tensors are not supported (convert with .dequantize() or .int_repr())"
     elif t.is_nested:

@@ -233,9 +233,12 @@ def test_wrapper_subclass_is_refused():
     (lambda: torch.ones(3, device="meta"), r"'meta' devices are not supported"),
     (lambda: torch.ones(2, 3).to_sparse(), r"layout torch.sparse_coo.*sparse tensors"),
     (lambda: torch.ones(2, 3).to_sparse_csr(), r"layout torch.sparse_csr.*sparse tensors"),
+    pytest.param(lambda: torch.ones(2, 3).to_mkldnn(), r"layout torch._mkldnn.*mkldnn tensors",
+                 marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                          reason="this torch build has no mkldnn")),
     (lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8), r"dtype torch.quint8.*quantized"),
     (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), r"nested tensors"),
-], ids=["meta", "sparse_coo", "sparse_csr", "quantized", "nested"])
+], ids=["meta", "sparse_coo", "sparse_csr", "mkldnn", "quantized", "nested"])
 def test_unreadable_tensors_raise_naming_the_type(make, what):
     """Bad input: a clear TypeError naming the type, delivered like any copy error (§4)."""
     src = make()
