@@ -8,7 +8,11 @@ buffer); prefetch's rows count the bytes the consumer received per second in
 steady state, next to torch.Tensor.copy_ into one reused tensor (torch's own
 threads). DataLoader: an epoch of 32 batches of 32 3x64x64 float32 images and
 labels, the consumer spending about as long on each batch as the dataset does;
-time per batch, worker start included.
+time per batch, worker start included. Hand-over: DataLoader(num_workers=0)
+making 19 MB batches (32 3x224x224 float32 images and labels, fresh from
+default_collate) and a consumer that does nothing with them (step 0): batches
+per second through prefetch.Prefetcher over the bare loader's, and how many
+leaves the prefetcher handed over instead of copying.
 
 Run alone: python bench/bench_torch.py [--quick] [--reps N] (or through bench/run.py).
 """
@@ -33,6 +37,8 @@ COPY_ = "torch.Tensor.copy_ into a reused tensor (limit)"
 BIG1 = "prefetch.Prefetcher workers=1"
 BIG2 = "prefetch.Prefetcher workers=2"
 BIG_BYTES = 19_000_000
+HO_BARE = "DataLoader(num_workers=0)"
+HO_OURS = "prefetch.Prefetcher(DataLoader(num_workers=0))"
 
 
 def add_arguments(g):
@@ -42,7 +48,7 @@ def add_arguments(g):
 def config(a):
     return {"reps": a.reps or (9 if a.quick else 15), "target_s": 0.03 if a.quick else 0.12,
             "big_n": 8 if a.quick else 24, "loader_batches": getattr(a, "torch_loader_batches", None) or 32,
-            "depth": 4}
+            "depth": 4, "handover_batches": 8 if a.quick else 16}
 
 
 def _load_torch():
@@ -184,6 +190,52 @@ def _loader(cfg, torch, say):
     return us, skipped
 
 
+class _Frames:
+    """A map-style dataset: item i is a fresh 3x224x224 float32 image filled with i, and i."""
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        import torch
+        return torch.full((3, 224, 224), float(i)), i
+
+
+def _handover(cfg, torch, say):
+    """Prefetcher(DataLoader) with a consumer that does nothing: default_collate builds
+    every batch afresh, so the prefetcher hands its tensors over instead of copying them."""
+    from torch.utils.data import DataLoader
+
+    import prefetch
+    nb = cfg["handover_batches"]
+    counts = {}
+
+    def epoch(ours):
+        loader = DataLoader(_Frames(), batch_size=32)
+        t0 = U.ns()
+        it = prefetch.Prefetcher(loader, depth=cfg["depth"]) if ours else iter(loader)
+        for k, _batch in enumerate(it):
+            if k + 1 == nb:
+                break
+        t = U.ns() - t0
+        if ours:
+            st = it.stats()
+            counts["handed"] = counts.get("handed", 0) + st.leaves_handed_over
+            counts["copied"] = counts.get("copied", 0) + st.leaves_copied
+            it.close()
+        del it
+        return t / nb / 1e3
+
+    rows = {HO_BARE: lambda: epoch(False), HO_OURS: lambda: epoch(True)}
+    us = {name: [] for name in rows}
+    for rep in range(cfg["reps"]):
+        say(f"DataLoader hand-over {rep + 1}/{cfg['reps']}")
+        for name in U.rotate(list(rows), rep):
+            us[name].append(rows[name]())
+    # Batches per second, ours over the bare loader's: time per batch inverted.
+    return us, S.interval(S.ratios(us[HO_BARE], us[HO_OURS])), counts
+
+
 def run(cfg, say):
     torch, why = _load_torch()
     if torch is None:
@@ -193,6 +245,7 @@ def run(cfg, say):
         tiny_us, tiny_extra, tiny_ratio = _tiny(cfg, torch, say)
         big_gbs, big_ratio = _big(cfg, torch, say)
         loader_us, skipped = _loader(cfg, torch, say)
+        ho_us, ho_ratio, ho_counts = _handover(cfg, torch, say)
 
     verdicts = [
         S.Verdict("torch tensors: extra cost per tiny batch <= 1.5 x the numpy path's",
@@ -200,6 +253,9 @@ def run(cfg, say):
         S.Verdict("torch tensors: 19 MB copy >= 0.9 x torch.Tensor.copy_ into a reused tensor",
                   f"workers=2: {big_ratio[BIG2].text(2)}; workers=1: {big_ratio[BIG1].text(2)}",
                   S.judge(big_ratio[BIG2], 0.9, higher_is_better=True)),
+        S.Verdict("torch DataLoader, step 0: Prefetcher >= 0.98 x the bare loader's batches/s, every leaf handed over",
+                  f"{ho_ratio.text(2)}; leaves handed over {ho_counts['handed']}, copied {ho_counts['copied']}",
+                  S.judge(ho_ratio, 0.98, higher_is_better=True) if ho_counts["copied"] == 0 else S.MISSED),
     ]
     lines = U.table_lines(["tiny batches, µs per batch", "median [95% interval]"],
                           [[name, S.interval(v).text(2)] for name, v in tiny_us.items()])
@@ -212,7 +268,13 @@ def run(cfg, say):
     lines += [""] + U.table_lines([f"DataLoader epoch of {cfg['loader_batches']} batches, µs per batch", "median [95% interval]"],
                                   [[name, S.interval(v).text(0)] for name, v in loader_us.items()])
     lines += [f"  (not measured: {k}: {why})" for k, why in skipped.items()]
+    lines += [""] + U.table_lines([f"19 MB batches, step 0, {cfg['handover_batches']} per epoch, µs per batch",
+                                   "median [95% interval]"],
+                                  [[name, S.interval(v).text(0)] for name, v in ho_us.items()]
+                                  + [["Prefetcher batches/s / bare loader's", ho_ratio.text(2)]])
+    lines += [f"  leaves handed over {ho_counts['handed']}, copied {ho_counts['copied']} (all repetitions)"]
     data = {"tiny_us": tiny_us, "tiny_extra_us": tiny_extra, "big_gbs": big_gbs, "loader_us": loader_us,
+            "handover_us": ho_us, "handover_leaves": ho_counts,
             "skipped": skipped, "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
     return {"tables": lines, "verdicts": verdicts, "data": data}
 

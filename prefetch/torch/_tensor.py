@@ -1,12 +1,13 @@
 """``torch.Tensor`` leaves (SPEC §3), registered on import.
 
-A CPU tensor is copied by the core: its memory is seen as a numpy array (no
-copy), ``plan.array`` gives a pool block that the core fills later in the
-batch without the GIL, and ``torch.from_numpy`` wraps that block, so the
-tensor handed out owns the block and it goes back to the pool only when torch
-frees the tensor (SPEC §5).
+A CPU tensor is copied by the core: a pool block that the core fills later
+in the batch without the GIL, wrapped by ``torch.from_numpy``, so the tensor
+handed out owns the block and it goes back to the pool only when torch frees
+the tensor (SPEC §5). A plain contiguous tensor is read from its address
+(``plan._array_at``, its storage kept alive until the memcpy ran); any other
+is seen as a numpy array first (``.numpy()``, no copy) for ``plan.array``.
 
-What comes out (the README says the same):
+What comes out of a copy (the README says the same):
 - a plain ``torch.Tensor`` with the input's shape, dtype and values, its own
   storage, ``requires_grad=False`` and no ``grad_fn`` (copied by value, as
   ``t.detach().clone()``); a ``torch.nn.Parameter`` (or ``Buffer``) comes out
@@ -23,17 +24,28 @@ What comes out (the README says the same):
 Sparse, quantized, nested, meta and other-device tensors raise a TypeError
 naming what they are: the core cannot read their memory as one block.
 
-Exclusivity (hand-over without a copy) is never claimed: the tensor's Python
-refcount says nothing about its storage, which other tensors (views), numpy
-arrays (``from_numpy``/``.numpy()``) or DLPack consumers may share, and
-torch exposes none of that cheaply, so every tensor is copied.
+Hand-over without a copy: when the core has proven that only the batch holds
+the tensor object, ``exclusive`` proves that only that object reaches its
+memory, and the tensor is handed out as is. A tensor's Python reference count
+says nothing about its storage, which other tensors (views, ``detach()``,
+``set_()``), numpy arrays (``.numpy()``, ``from_numpy``), DLPack exports or
+other processes (shared memory) may reach; ``exclusive`` asks torch about
+each (see there). A handed-over tensor is the source's object itself, as
+it was (type, layout, dtype), and only a plain contiguous CPU tensor without
+autograd state qualifies: what a copy of it would look like. What the proof
+cannot see: a C++ weak pointer to the storage
+(``torch.multiprocessing.reductions.StorageWeakRef``, which torch keeps for
+its shared-memory cache, whose storages are copied anyway, and in compiler
+internals); a source that revives a storage through one is not detected.
 
-Threading contract: ``copy_tensor`` runs on a prefetcher's fetch thread with
-the GIL held.
+Threading contract: ``copy_tensor`` and ``exclusive`` run on a prefetcher's
+fetch thread with the GIL held.
 """
 from __future__ import annotations
 
+from sys import getrefcount
 from typing import Any
+from weakref import getweakrefcount
 
 from prefetch.adapters import register_leaf
 from prefetch.torch._torch import torch
@@ -59,12 +71,41 @@ _CHANNELS_LAST = {
     5: (torch.channels_last_3d, (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)),
 }
 _STRIDED = torch.strided
+_from_numpy = torch.from_numpy
+# copy_tensor's common case: torch dtype -> the numpy dtype its bytes travel as.
+# Complex dtypes take the general path, where a lazy conjugate is resolved.
+_AS_NUMPY = {dt: torch.empty(0, dtype=_VIEW_AS.get(dt, dt)).numpy().dtype
+             for dt in (_NUMPY_DTYPES | frozenset(_VIEW_AS)) if not dt.is_complex}
+_COPYABLE = _NUMPY_DTYPES | frozenset(_VIEW_AS)   # not quantized
 _PLAIN_TYPES = frozenset(t for t in (Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", None)) if t)
 
 
 def copy_tensor(t: Tensor, plan: Any) -> Tensor:
     """Leaf hook (prefetch.register_leaf): a fresh tensor with ``t``'s shape,
     dtype and values, over a pool block the core fills without the GIL."""
+    # The common case, a plain contiguous CPU tensor, without a numpy view of
+    # the source: .numpy() alone costs more than the rest of a small tensor's
+    # copy (a tiny batch's budget is about 1 µs a leaf), so one torch call per
+    # check, and no check whose failure a later call reports anyway.
+    if type(t) is Tensor and t.is_cpu:
+        try:
+            dtype = t.dtype
+            as_numpy = _AS_NUMPY.get(dtype) if t.is_contiguous() and not t.is_neg() else None
+            address = t.data_ptr() if as_numpy is not None else 0   # 0 also: a ZeroTensor's
+            shape = t.shape
+        except RuntimeError:   # no memory (sparse, mkldnn layouts) or no shape (nested)
+            address = 0
+        if address:
+            # The storage keeps the memory valid until the memcpy, whatever
+            # becomes of the tensor object meanwhile (set_, resize_).
+            out = _from_numpy(plan._array_at(t.untyped_storage(), address, shape, as_numpy))
+            return out if dtype not in _VIEW_AS else out.view(dtype)
+    return _copy_general(t, plan)
+
+
+def _copy_general(t: Tensor, plan: Any) -> Tensor:
+    """Every tensor: subclasses, other devices and layouts, strided, channels_last,
+    complex (a lazy conjugate), negative views, nested and quantized ones."""
     cls = type(t)
     if cls is not Tensor:
         return _copy_subclass(t, cls, plan)
@@ -101,6 +142,54 @@ def copy_tensor(t: Tensor, plan: Any) -> Tensor:
     return out
 
 
+def _storage_refs(t: Tensor) -> int:
+    s = t.untyped_storage()
+    return getrefcount(s)
+
+
+# The Python references to a storage object that only its tensor reaches: the
+# local variable, the argument of getrefcount (none where the interpreter
+# borrows it) and the one torch's C++ holds while the storage also has other
+# C++ owners (its tensor). Counted, not assumed, with the same code as below.
+_SOLE_STORAGE_REFS = _storage_refs(torch.empty(1))
+_storage_uses = torch._C._storage_Use_Count
+
+
+def exclusive(t: Tensor) -> bool:
+    """Leaf hook (prefetch.register_leaf): True only when nothing but ``t``
+    reaches its memory, so the batch may hand it over uncopied. Asked only
+    about a tensor object the core has proven that only the batch holds;
+    anything not proven means copy.
+
+    ``t`` must also be what ``copy_tensor`` would make of it (a plain CPU
+    tensor, contiguous, no autograd state, no attributes), so a hand-over
+    changes nothing the consumer can see. Then its memory is its own when:
+    - its TensorImpl has one owner (this object): no view keeps it as its
+      ``_base``, no DLPack capsule (``__dlpack__``, ``np.from_dlpack``)
+      holds it, and no weak reference can bring the object back;
+    - it is no view itself (``_base``, which the storage's count below also
+      shows) and covers its whole storage (same bytes, so offset 0);
+    - its storage has two owners, this tensor and the storage's own Python
+      object, whose references are exactly ours (no one keeps
+      ``t.untyped_storage()``) and which no weak reference reaches: no other
+      tensor (views, ``detach()``, ``.data``, ``set_()``) and no numpy
+      array of ``.numpy()`` shares it;
+    - torch allocated that storage (resizable): not memory it wraps
+      (``from_numpy``, ``frombuffer``, ``from_dlpack``, files, ``torch.load``);
+    - it is not in shared memory (``share_memory_()``, ``from_file``,
+      batches of DataLoader worker processes), which other processes reach.
+    """
+    if (type(t) is not Tensor or not t.is_cpu or t.layout is not _STRIDED or t.is_nested
+            or t.dtype not in _COPYABLE or t.requires_grad or t.grad is not None
+            or t._base is not None or not t.is_contiguous() or t._use_count() != 1
+            or getweakrefcount(t) or t.__dict__):
+        return False
+    s = t.untyped_storage()
+    return (getrefcount(s) == _SOLE_STORAGE_REFS and _storage_uses(s._cdata) == 2
+            and not getweakrefcount(s) and s.nbytes() == t.nbytes and s.resizable()
+            and not s.is_shared())
+
+
 def _describe(t: Tensor) -> str:
     return f"a {type(t).__module__}.{type(t).__qualname__} (layout {t.layout}, dtype {t.dtype}, device {t.device})"
 
@@ -112,7 +201,8 @@ def _copy_unusual(t: Tensor) -> Tensor:
         # that stream (and the source's later writes) are ordered after it.
         return t.detach().clone(memory_format=torch.contiguous_format)
     if t.layout is not torch.strided:
-        what = "sparse tensors are not supported (convert with .to_dense())"
+        kind = "mkldnn" if t.layout is getattr(torch, "_mkldnn", None) else "sparse"
+        what = f"{kind} tensors are not supported (convert with .to_dense())"
     elif t.is_quantized:
         what = "quantized tensors are not supported (convert with .dequantize() or .int_repr())"
     elif t.is_nested:
@@ -137,4 +227,4 @@ def _copy_subclass(t: Tensor, cls: type, plan: Any) -> Tensor:
     return out
 
 
-register_leaf(Tensor, copy_tensor)
+register_leaf(Tensor, copy_tensor, exclusive=exclusive)

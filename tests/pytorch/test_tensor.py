@@ -150,10 +150,47 @@ def test_parameter_becomes_a_plain_tensor():
 
 def test_conj_and_neg_bits_are_resolved():
     z = torch.complex(torch.arange(4.0), torch.ones(4))
-    for src in (z.conj(), z.conj()[::2], torch._neg_view(z)):
+    # A real tensor carries a neg bit too (contiguous: the common path's case), and
+    # keeps it through detach(): not a view.
+    neg = torch._neg_view(torch.arange(4.0))
+    for src in (z.conj(), z.conj()[::2], torch._neg_view(z), neg, neg.detach()):
         out = one(src)
         assert type(out) is torch.Tensor and not out.is_conj() and not out.is_neg()
         assert torch.equal(out, src.resolve_conj().resolve_neg())
+
+
+def test_a_tensor_without_memory_is_refused_not_read():
+    """Bad input: a ZeroTensor (storage without memory: data_ptr 0) is a TypeError
+    naming it, never a read of address 0."""
+    z = torch._efficientzerotensor(3)
+    assert z.data_ptr() == 0
+    with Prefetcher([z]) as p, pytest.raises(TypeError, match=r"prefetch cannot copy a torch\.Tensor.*ZeroTensor"):
+        next(p)
+
+
+class _DropsStorage:
+    """A registered leaf whose copy hook makes the tensor before it in the batch drop
+    its storage (set_): the memcpy planned for that tensor runs after this."""
+
+    def __init__(self, victim):
+        self.victim = victim
+
+
+def _drop_storage(leaf, plan):
+    leaf.victim.set_(torch.empty(0))
+    return None
+
+
+prefetch.register_leaf(_DropsStorage, _drop_storage)
+
+
+def test_the_source_storage_lives_until_its_copy_ran():
+    """§3 rule 1, §5: a tensor's copy is planned while the batch is walked and runs after;
+    its storage is kept alive until then, whatever happens to the tensor object. 16 MiB:
+    memory glibc unmaps when freed, so a read after the free would fault, not pass by luck."""
+    t = torch.full((1 << 22,), 7.0)
+    out, _ = one((t, _DropsStorage(t)))
+    assert t.numel() == 0 and out.shape == (1 << 22,) and bool((out == 7.0).all())
 
 
 class Tagged(torch.Tensor):
@@ -227,9 +264,12 @@ def test_wrapper_subclass_is_refused():
     (lambda: torch.ones(3, device="meta"), r"'meta' devices are not supported"),
     (lambda: torch.ones(2, 3).to_sparse(), r"layout torch.sparse_coo.*sparse tensors"),
     (lambda: torch.ones(2, 3).to_sparse_csr(), r"layout torch.sparse_csr.*sparse tensors"),
+    pytest.param(lambda: torch.ones(2, 3).to_mkldnn(), r"layout torch._mkldnn.*mkldnn tensors",
+                 marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                          reason="this torch build has no mkldnn")),
     (lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8), r"dtype torch.quint8.*quantized"),
     (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), r"nested tensors"),
-], ids=["meta", "sparse_coo", "sparse_csr", "quantized", "nested"])
+], ids=["meta", "sparse_coo", "sparse_csr", "mkldnn", "quantized", "nested"])
 def test_unreadable_tensors_raise_naming_the_type(make, what):
     """Bad input: a clear TypeError naming the type, delivered like any copy error (§4)."""
     src = make()
