@@ -20,12 +20,12 @@ from libc.stdlib cimport free, realloc
 import dataclasses
 import functools
 import threading
-import warnings
 import weakref
 from copy import copy as _shallow_copy
 
 import numpy as np
 
+from prefetch import _warn
 from prefetch._types import ClosedError
 
 cnp.import_array()
@@ -167,7 +167,8 @@ cdef class _Core:
 
     def _fail(self, uint64_t slot, exc, uint64_t n, what):
         try:
-            _add_note(exc, f"raised in prefetch worker {self.name!r} while {what} batch {n}")
+            _add_note(exc, f"raised in prefetch worker {self.name!r} while {what} batch {n + 1} "
+                           f"(counted from 1: the {n} before it are delivered first)")
         except Exception:
             pass  # an exception type that refuses notes is still delivered
         self._publish(slot, _Failure(exc), 0, False)
@@ -320,7 +321,7 @@ cdef class _Core:
                 if timeout is not None and pf_now_ns() >= deadline:
                     raise TimeoutError(
                         f"no batch from prefetcher {self.name!r} within {timeout} s; its "
-                        f"worker is {_DOING[self._doing]} (batch {self._batch_no})")
+                        f"worker is {_DOING[self._doing]} (batch {self._batch_no + 1}, counted from 1)")
                 if self._thread is None or not self._thread.is_alive():
                     # The worker publishes before it exits; re-check once so
                     # a batch published just before its exit is not missed.
@@ -335,8 +336,11 @@ cdef class _Core:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def close(self, double grace=CLOSE_GRACE_S):
-        """Stop the fetch thread, drop unconsumed batches, free the pool. Idempotent."""
+    def close(self, double grace=CLOSE_GRACE_S, at=None):
+        """Stop the fetch thread, drop unconsumed batches, free the pool. Idempotent.
+
+        A worker still busy after ``grace`` s is warned about at ``at`` (filename, line:
+        where a finalizer's prefetcher was created), else at the user's line."""
         if self.closed:
             return
         self.closed = True
@@ -348,10 +352,10 @@ cdef class _Core:
         if thread is not None and thread is not threading.current_thread():
             thread.join(grace)
             if thread.is_alive():
-                warnings.warn(
+                _warn.warn(
                     f"prefetcher {self.name!r}: the worker is still {_DOING[self._doing]} "
                     f"after {grace} s; it is left as a daemon thread and exits when that returns",
-                    RuntimeWarning, stacklevel=3)
+                    RuntimeWarning, at)
         self._slots = [None] * self.depth
         # Each adapter used returns the memory behind the dropped batches
         # (e.g. an engine sync), once: the same hook is in the set once.

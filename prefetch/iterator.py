@@ -11,12 +11,10 @@ import atexit
 import itertools
 import math
 import numbers
-import sys
-import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Optional, Sized, TypeVar
 
-from prefetch import adapters
+from prefetch import _warn, adapters
 from prefetch._core import _Core, _Iterator
 from prefetch._types import Stats
 
@@ -78,12 +76,12 @@ def _collected(core: _Core, created_at: tuple[str, int]) -> None:
     where it was created, as an unclosed file does."""
     running = core.state == "running"
     message = f"unclosed prefetcher {core.name!r}: call close() or use 'with Prefetcher(...)'"
-    core.close()
+    core.close(at=created_at)
     # Under -W error the warning is an exception whose traceback holds this
     # frame: it must not keep the core alive.
     del core
     if running and not _exiting:
-        warnings.warn_explicit(message, ResourceWarning, created_at[0], created_at[1])
+        _warn.warn(message, ResourceWarning, created_at)
 
 
 class Prefetcher(_Iterator, Generic[T]):
@@ -158,8 +156,9 @@ class Prefetcher(_Iterator, Generic[T]):
         # iterator is not (it would keep its last batch alive after close()).
         self._source: Optional[Iterable[T]] = None if iterator is source else source
         self._options = (depth, workers, cap, name, delivery, handover)
-        caller = sys._getframe(1)
-        self._created_at = (caller.f_code.co_filename, caller.f_lineno)
+        # Where the user created it (past a drop-in's or a loader's own frames): where a
+        # warning about it points later.
+        self._created_at = _warn.user_location() or ("<unknown>", 0)
         self._start(iterator)
 
     def _start(self, iterator: Iterator[T]) -> None:

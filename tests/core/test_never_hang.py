@@ -252,7 +252,7 @@ def test_blocked_consumer_gets_source_error():
         try:
             next_(p)
         except ValueError as e:
-            print(str(e).replace(" ", "-"), any("batch 1" in n for n in e.__notes__))
+            print(str(e).replace(" ", "-"), any("batch 2 (counted from 1" in n for n in e.__notes__))
         p.close()
     """), "bad-shard True")
 
@@ -515,7 +515,7 @@ def test_source_calling_next_on_its_own_prefetcher_raises_not_hangs():
         try:
             next(p)
         except RuntimeError as e:
-            print("error", any("batch 1" in n for n in e.__notes__))
+            print("error", any("batch 2 (counted from 1" in n for n in e.__notes__))
         box.clear()
         p.close()
     """, timeout=20), "error True")
