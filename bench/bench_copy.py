@@ -161,6 +161,10 @@ def plot(ax, data):
         ivs = [S.interval(by[str(s)]) for s in sizes]
         style = {LIM1: "k-", LIM2: "k--"}.get(row, "-o" if row.startswith("prefetch.") else ":s")
         ax.plot(x, [iv.median for iv in ivs], style, lw=2.2 if row.startswith("prefetch.") else 1.2, label=row)
+    for lim, style in ((LIM1, ":"), (LIM2, "-.")):
+        if lim in data["gbs"]:
+            ax.plot(x, [GOAL * S.interval(data["gbs"][lim][str(s)]).median for s in sizes], style, lw=1,
+                    label=f"target: {GOAL:g} x {lim}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(x, [U.human_bytes(s).replace(" ", "") for s in sizes])
     ax.set_xlabel("batch size")

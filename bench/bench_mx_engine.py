@@ -135,7 +135,7 @@ def _loader_table(mx, cfg, say):
 def run(cfg, say):
     mx, why = B.load_mx() if not cfg["skip"] else (None, "left out (--no-mx)")
     if mx is None:
-        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}}
+        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}, "skipped": why}
     import prefetch.mx as pmx
 
     data_out, lines = {}, []

@@ -187,7 +187,7 @@ def _loader(cfg, torch, say):
 def run(cfg, say):
     torch, why = _load_torch()
     if torch is None:
-        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}}
+        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}, "skipped": why}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)   # pin_memory without an accelerator
         tiny_us, tiny_extra, tiny_ratio = _tiny(cfg, torch, say)
@@ -215,6 +215,20 @@ def run(cfg, say):
     data = {"tiny_us": tiny_us, "tiny_extra_us": tiny_extra, "big_gbs": big_gbs, "loader_us": loader_us,
             "skipped": skipped, "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
     return {"tables": lines, "verdicts": verdicts, "data": data}
+
+
+def plot(ax, data):
+    """DataLoader epochs (the rows a user chooses between), µs per batch; the tiny-batch target alongside."""
+    rows = list(data["loader_us"])
+    ivs = [S.interval(data["loader_us"][r]) for r in rows]
+    for i, (r, iv) in enumerate(zip(rows, ivs)):
+        ax.barh([i], [iv.median], xerr=[[e] for e in iv.errbar()], capsize=3, label=r)
+    ax.set_yticks(range(len(rows)), [r.replace("prefetch.Prefetcher(", "Prefetcher(\n") for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs per batch (DataLoader epoch, worker start included)")
+    tiny = S.interval(S.ratios(data["tiny_extra_us"][T_OURS], data["tiny_extra_us"][N_OURS]))
+    ax.set_title(f"PyTorch DataLoader epoch, lower is better (median, bars: 95% interval)\n"
+                 f"tiny batches: torch extra cost / numpy path's {tiny.text(2)} (target: at most 1.5)")
 
 
 if __name__ == "__main__":
