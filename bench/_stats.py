@@ -71,6 +71,10 @@ class Verdict:
     measured: str   # the figure with its interval
     status: str     # MET, MISSED, INCONCLUSIVE, NOT_RESOLVED or NOT_RUN
     note: str = ""
+    busy: bool = False   # other processes used the CPUs while it was measured: take it with care
+
+    def shown(self) -> str:
+        return self.status.upper() + (" (busy machine)" if self.busy and self.status in (MET, MISSED) else "")
 
     def as_dict(self):
         return asdict(self)

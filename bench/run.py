@@ -2,6 +2,10 @@
 
     python bench/run.py [--quick] [--out DIR] [--sections a,b] [--reps N] [--max-reps N] [section options]
 
+--quick runs the headline's section and the cheaper ones (QUICK_SECTIONS) with
+fewer sizes and repetitions, in under 2 minutes on 2 cores; --sections all
+runs every section in quick mode (CI's smoke test).
+
 Prints one sentence first (what is faster than what, by how much, on this
 machine: the headline of the first section that declares one), the count of
 targets by verdict, the targets, then one table per section; writes
@@ -56,6 +60,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
 SECTIONS = ["handoff", "handover", "copy", "memory", "overlap", "mx_engine", "mx_e2e", "torch", "tree"]
+# --quick runs these (the headline and the cheaper targets) unless --sections says otherwise;
+# the others are named in the report as left to a full run.
+QUICK_SECTIONS = ["handoff", "copy", "memory", "mx_engine", "torch"]
 
 try:
     import _stats as S  # needs scipy
@@ -71,9 +78,11 @@ def _sections():
 def _parser(mods):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="CI smoke: fewer sizes and repetitions (< 3 min on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="the headline and the cheaper sections, fewer sizes and "
+                    "repetitions (under 2 minutes on 2 cores)")
     ap.add_argument("--out", default=os.path.join(HERE, "out"), help="folder for bench.txt, bench.json, bench.png")
-    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma list of: " + ", ".join(SECTIONS))
+    ap.add_argument("--sections", help="comma list of: " + ", ".join(SECTIONS) + ", or 'all' (default: all; "
+                    "with --quick: " + ", ".join(QUICK_SECTIONS) + ")")
     ap.add_argument("--reps", type=int, help="repetitions of every timed row (>= 6 for a 95%% interval)")
     ap.add_argument("--max-reps", type=int, help="cap on the repetitions a section adds while an interval "
                     "straddles its target (default: 2 x --reps in --quick, 3 x in a full run; none with --reps)")
@@ -134,7 +143,7 @@ def _ran(results):
     return [s for s, r in results.items() if not r.get("skipped")]
 
 
-def _report(a, env, wanted, mods, results, errors, verdicts, wall, others):
+def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left):
     ran = _ran(results)
     first = _headline(results, wanted, env, a.quick)
     lines = [first or f"No section with a headline ran on this machine ({_machine(env)}).",
@@ -142,16 +151,19 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others):
              + "; ".join(mods[s].TITLE for s in ran) + "."]
     not_run = [f"{mods[s].TITLE} ({results[s]['skipped']})" for s in results if s not in ran]
     not_run += [f"{mods[s].TITLE} (failed)" for s in errors]
+    if left:
+        not_run.append("left to a full run (without --quick): " + "; ".join(mods[s].TITLE for s in left))
     if not_run:
         lines.append("Not run: " + "; ".join(not_run) + ".")
     lines.append(_busy_line(others, env))
     lines.append("")
     lines += U.table_lines(["target", "measured: median [95% interval]", "verdict"],
-                           [[v.target, v.measured, v.status.upper()] for v in verdicts], indent="")
+                           [[v.target, v.measured, v.shown()] for v in verdicts], indent="")
     lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note and "; " in v.note]
     lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
               "inconclusive: the interval still straddles the target after the extra repetitions; not resolved in",
-              "quick mode: a quick run was too short to tell (run without --quick).",
+              "quick mode: a quick run was too short to tell (run without --quick). (busy machine): other",
+              "processes used the CPUs while it was measured: re-run on a quiet machine before relying on it.",
               f"Run: {env['time_utc']}, {wall:.0f} s, {_machine(env)}, numpy {env['numpy']}"
               + (f", mxnet {env['mxnet']}" if env["mxnet"] else "") + ".", ""]
     for s in wanted:
@@ -213,7 +225,9 @@ def _lock(out_dir):
 def main(argv=None):
     mods = _sections()
     a = _parser(mods).parse_args(argv)
-    wanted = [s.strip() for s in a.sections.split(",") if s.strip()]
+    chosen = a.sections or ",".join(QUICK_SECTIONS if a.quick else SECTIONS)
+    wanted = SECTIONS if chosen == "all" else [s.strip() for s in chosen.split(",") if s.strip()]
+    left = [] if a.sections else [s for s in SECTIONS if s not in wanted]
     bad = [s for s in wanted if s not in mods]
     if bad:
         sys.exit(f"--sections: unknown section(s) {bad}; choose from {SECTIONS}")
@@ -242,6 +256,7 @@ def main(argv=None):
                 for v in r["verdicts"]:
                     if a.quick and v.status == S.INCONCLUSIVE:
                         v.status = S.NOT_RESOLVED
+                    v.busy = r["others_cores"] is not None and r["others_cores"] > U.BUSY_CORES
                 results[s] = r
                 verdicts += r["verdicts"]
             except Exception:  # noqa: BLE001 - one crashed section must not lose the others' figures
@@ -256,7 +271,7 @@ def main(argv=None):
         print(file=sys.stderr)
     wall, others = time.perf_counter() - t_start, machine.cores()
 
-    lines = _report(a, env, wanted, mods, results, errors, verdicts, wall, others)
+    lines = _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
     text = "\n".join(lines)
     print(text)
     out = {"quick": a.quick, "argv": sys.argv[1:] if argv is None else argv, "env": env, "wall_s": wall,
