@@ -126,8 +126,12 @@ def run(cfg, say):
         for row in ROWS:  # pilot: N per row so one measurement takes about target_s
             per = _time(row, src, dst, 3, cfg["depth"]) / 3
             nrow[row] = max(cfg["n_min"], min(cfg["n_max"], int(cfg["target_s"] * 1e9 / max(per, 1))))
-        for rep in range(cfg["reps"]):
-            say(f"{U.human_bytes(size)}, repetition {rep + 1}/{cfg['reps']}")
+        def unresolved(size=size):   # a target at this size still straddled by its interval
+            return size >= GOAL_MIN_SIZE and any(
+                S.judge(S.interval(S.ratios(gbs[a][size], gbs[b][size])), GOAL, higher_is_better=True)
+                == S.INCONCLUSIVE for a, b, _ in TARGETS)
+
+        for rep in S.repetitions(cfg, unresolved, say, f"{U.human_bytes(size)}, repetition"):
             for row in U.rotate(ROWS, rep):
                 gbs[row].setdefault(size, []).append(size * nrow[row] / _time(row, src, dst, nrow[row], cfg["depth"]))
         del src, dst

@@ -122,8 +122,10 @@ def _loader_table(mx, cfg, say):
     loader = gluon.DataLoader(gluon.ArrayDataset(data), batch_size=DL_SHAPE[0])
     t = {r: [] for r in DL_ROWS}
     with U.no_gc():
-        for rep in range(cfg["reps"]):
-            say(f"Gluon DataLoader: repetition {rep + 1}/{cfg['reps']}")
+        def unresolved():
+            return S.open_verdicts(_verdicts(cfg, {"gluon": t}))
+
+        for rep in S.repetitions(cfg, unresolved, say, "Gluon DataLoader: repetition"):
             for r in U.rotate(DL_ROWS, rep):
                 t[r].append(_loader_pass(mx, r, loader) * 1e6)
     tab = [[r, S.interval(t[r]).text(0), S.interval(S.ratios(t[r], t[DL_COPY])).text(3)] for r in DL_ROWS]
@@ -150,15 +152,19 @@ def run(cfg, say):
             del probe
             t = {r: [] for r in ROWS}
             f = {r: [] for r in ROWS}
+            key = f"{consumer} {shape}"
+            data_out[key] = {"batches": nb, "us": t, "faults": f}   # filled in place below
+
+            def unresolved(key=key):   # a target of this batch shape still straddled by its interval
+                return S.open_verdicts(_verdicts(cfg, {key: data_out[key]}))
+
             with U.no_gc():
-                for rep in range(cfg["reps"]):
-                    say(f"{consumer}, batch {shape}: repetition {rep + 1}/{cfg['reps']}")
+                for rep in S.repetitions(cfg, unresolved, say, f"{consumer}, batch {shape}: repetition"):
                     for r in U.rotate(ROWS, rep):
                         s, flt = _pass(mx, pmx, r, data, batch, nb, consumer)
                         t[r].append(s * 1e6)
                         f[r].append(flt)
             del data
-            data_out[f"{consumer} {shape}"] = {"batches": nb, "us": t, "faults": f}
             mx.nd.waitall()
     for consumer in cfg["consumers"]:
         lines.append(f"  consumer {consumer}: µs per batch, median [95% interval]; extra over the plain loop")

@@ -32,7 +32,7 @@ class Colours:
         low = label.lower()
         if low.startswith(("target", "bound")):
             return "black"
-        if "plain" in low and "prefetch" not in low:
+        if "plain" in low and not low.startswith("prefetch"):
             return "grey"
         if label not in self._of:
             taken = len([c for c in self._of.values() if c in PALETTE])

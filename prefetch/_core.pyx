@@ -208,7 +208,7 @@ cdef class _Core:
 
         ``item`` is what next(source) returned; _run's variable is its one
         reference here when the source kept none (a cdef argument is borrowed),
-        which is what plan._find_sole counts on (SPEC §3 rule 1)."""
+        which is what plan._find_sole counts on (the hand-over rule)."""
         cdef CopyPlan plan = self._plan
         cdef list leaves = []
         cdef Py_ssize_t i

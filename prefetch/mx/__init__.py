@@ -1,6 +1,5 @@
 """MXNet adapter: NDArray leaves, DataBatch containers, ``device=`` an MXNet
-context, and ``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter``
-(SPEC §2, §3, §5, §6).
+context, and ``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter``.
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: mxnet``) the first time a batch holds an MXNet

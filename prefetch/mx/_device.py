@@ -1,4 +1,4 @@
-"""``device=`` an MXNet context (SPEC §2, §5): validated once, in the
+"""``device=`` an MXNet context: validated once, in the
 Prefetcher's constructor; every array leaf delivered there as an NDArray; the
 engine synchronised once, at close.
 

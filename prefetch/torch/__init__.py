@@ -1,5 +1,4 @@
-"""PyTorch adapter: ``torch.Tensor`` leaves and ``device=`` a ``torch.device``
-(SPEC §2, §3, §5).
+"""PyTorch adapter: ``torch.Tensor`` leaves and ``device=`` a ``torch.device``.
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: torch``) the first time a batch holds a torch

@@ -1,4 +1,4 @@
-"""``device=`` a ``torch.device`` (SPEC §2, §5): validated once, in the
+"""``device=`` a ``torch.device``: validated once, in the
 Prefetcher's constructor; every array leaf of a batch delivered there as a
 tensor; device memory returned at close.
 

@@ -1,10 +1,10 @@
-"""``torch.Tensor`` leaves (SPEC §3), registered on import.
+"""``torch.Tensor`` leaves, registered on import.
 
 A CPU tensor is copied by the core: its memory is seen as a numpy array (no
 copy), ``plan.array`` gives a pool block that the core fills later in the
 batch without the GIL, and ``torch.from_numpy`` wraps that block, so the
 tensor handed out owns the block and it goes back to the pool only when torch
-frees the tensor (SPEC §5).
+frees the tensor.
 
 What comes out (the README says the same):
 - a plain ``torch.Tensor`` with the input's shape, dtype and values, its own
