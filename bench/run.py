@@ -273,26 +273,35 @@ def main(argv=None):
 
     lines = _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
     text = "\n".join(lines)
-    print(text)
     out = {"quick": a.quick, "argv": sys.argv[1:] if argv is None else argv, "env": env, "wall_s": wall,
            "others_cores": others, "headline": lines[0], "summary": lines[1],
            "verdicts": [v.as_dict() for v in verdicts], "errors": errors, "ran": _ran(results),
            "sections": {s: {"title": mods[s].TITLE, "config": r["config"], "data": r["data"],
                             "headline": r["headline"].as_dict() if r.get("headline") else None}
                         for s, r in results.items() if not r.get("skipped")}}
+    # The files first: a reader that closes stdout early (| head) must not cost the results.
     try:
         written = _write(a.out, {"bench.txt": text + "\n", "bench.json": json.dumps(out, indent=1, default=str)},
                          None if a.no_plot else json.loads(json.dumps(out, default=str)))
+        failed = None
     except KeyboardInterrupt:
         print(f"bench/run.py: interrupted while writing; nothing written ({a.out} is unchanged).", file=sys.stderr)
         return 130
     except OSError as e:
-        print(f"bench/run.py: could not write the results to {a.out}: {e.strerror or e}; nothing written "
-              f"(what {a.out} held before is unchanged). The report is above.", file=sys.stderr)
-        return 1
+        written, failed = [], (f"bench/run.py: could not write the results to {a.out}: {e.strerror or e}; nothing "
+                               f"written (what {a.out} held before is unchanged). The report is above.")
     finally:
         lock.close()
-    print("wrote " + ", ".join(written))
+    try:
+        print(text)
+        if written:
+            print("wrote " + ", ".join(written))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the reader left; files are written
+    if failed:
+        print(failed, file=sys.stderr)
+        return 1
     return 1 if errors else 0
 
 
