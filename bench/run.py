@@ -146,9 +146,10 @@ def _ran(results):
 def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left):
     ran = _ran(results)
     first = _headline(results, wanted, env, a.quick)
-    lines = [first or f"No section with a headline ran on this machine ({_machine(env)}).",
-             _counts(verdicts) + f" {'Quick' if a.quick else 'Full'} run of: "
-             + "; ".join(mods[s].TITLE for s in ran) + "."]
+    ran_what = f"{'Quick' if a.quick else 'Full'} run of: " + "; ".join(mods[s].TITLE for s in ran) + "."
+    lines = ([first, f"{_counts(verdicts)} {ran_what}"] if first else   # no headline: the counts lead
+             [f"On this machine ({_machine(env)}): {_counts(verdicts)[0].lower()}{_counts(verdicts)[1:]}",
+              ran_what])
     not_run = [f"{mods[s].TITLE} ({results[s]['skipped']})" for s in results if s not in ran]
     not_run += [f"{mods[s].TITLE} (failed)" for s in errors]
     if left:
@@ -189,13 +190,19 @@ def _write(out_dir, files, plot_from):
             with open(tmp[name], "w") as f:
                 f.write(body)
         if plot_from is not None:
+            png = os.path.join(out_dir, f".bench.{os.getpid()}.tmp.png")
+            tmp["bench.png"] = png   # removed in finally if the plot fails half-way
             try:
                 import plot
-                tmp["bench.png"] = os.path.join(out_dir, f".bench.{os.getpid()}.tmp.png")
-                plot.plot(plot_from, tmp["bench.png"])
+                plot.plot(plot_from, png)
             except ImportError as e:
-                tmp.pop("bench.png")
                 print(f"(no plot: {e}; pip install matplotlib)", file=sys.stderr)
+            except Exception:  # noqa: BLE001 - a broken panel must not cost the report and the JSON
+                print(f"(no plot: it failed:\n{traceback.format_exc()})", file=sys.stderr)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(png)
+            if not os.path.exists(png):   # no matplotlib, or no section with data to draw
+                del tmp["bench.png"]
         for name, path in tmp.items():
             os.replace(path, os.path.join(out_dir, name))
     finally:
