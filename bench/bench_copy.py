@@ -38,7 +38,7 @@ def add_arguments(g):
 
 
 def config(a):
-    sizes = a.sizes or ([64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB] if a.quick
+    sizes = a.sizes or ([64 * KiB, 1 * MiB, 16 * MiB] if a.quick
                         else [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB])
     return {"sizes": sizes, "reps": a.reps or (9 if a.quick else 15),
             "target_s": 0.03 if a.quick else 0.1, "n_min": 3, "n_max": 20000, "depth": 2}

@@ -85,7 +85,7 @@ def _parser(mods):
                     "with --quick: " + ", ".join(QUICK_SECTIONS) + ")")
     ap.add_argument("--reps", type=int, help="repetitions of every timed row (>= 6 for a 95%% interval)")
     ap.add_argument("--max-reps", type=int, help="cap on the repetitions a section adds while an interval "
-                    "straddles its target (default: 2 x --reps in --quick, 3 x in a full run; none with --reps)")
+                    "straddles its target (default: 1.5 x --reps in --quick, 3 x in a full run; none with --reps)")
     ap.add_argument("--no-mx", action="store_true", help="leave the MXNet rows out even when it imports")
     ap.add_argument("--no-plot", action="store_true")
     for name, m in mods.items():
@@ -314,12 +314,12 @@ def main(argv=None):
 
 def _max_reps(a, cfg):
     """The cap on repetitions when an interval straddles its target: --max-reps, else none
-    beyond an explicit --reps, else 2 x the planned ones in --quick and 3 x in a full run."""
+    beyond an explicit --reps, else 1.5 x the planned ones in --quick and 3 x in a full run."""
     if a.max_reps is not None:
         return max(a.max_reps, cfg.get("reps", 1))
     if a.reps is not None or "reps" not in cfg:
         return cfg.get("reps", 1)
-    return cfg["reps"] * (2 if a.quick else 3)
+    return cfg["reps"] * 3 // 2 if a.quick else cfg["reps"] * 3
 
 
 if __name__ == "__main__":
