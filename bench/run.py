@@ -3,8 +3,8 @@
     python bench/run.py [--quick] [--out DIR] [--sections a,b] [--reps N] [--max-reps N] [section options]
 
 --quick runs the headline's section and the cheaper ones (QUICK_SECTIONS) with
-fewer sizes and repetitions, in under 2 minutes on 2 cores; --sections all
-runs every section in quick mode (CI's smoke test).
+fewer sizes and repetitions (meant to stay under 2 minutes on a quiet 2-core
+machine); --sections all runs every section in quick mode (CI's smoke test).
 
 Prints one sentence first (what is faster than what, by how much, on this
 machine: the headline of the first section that declares one), the count of
@@ -79,7 +79,7 @@ def _parser(mods):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the headline and the cheaper sections, fewer sizes and "
-                    "repetitions (under 2 minutes on 2 cores)")
+                    "repetitions (meant to stay under 2 minutes on a quiet 2-core machine)")
     ap.add_argument("--out", default=os.path.join(HERE, "out"), help="folder for bench.txt, bench.json, bench.png")
     ap.add_argument("--sections", help="comma list of: " + ", ".join(SECTIONS) + ", or 'all' (default: all; "
                     "with --quick: " + ", ".join(QUICK_SECTIONS) + ")")
