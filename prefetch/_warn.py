@@ -15,7 +15,7 @@ from typing import Optional
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Frames that are machinery between prefetch and the user (finalizers, atexit hooks).
-_MACHINERY = frozenset(os.path.abspath(m.__file__) for m in (weakref,) if getattr(m, "__file__", None))
+_MACHINERY = frozenset(os.path.abspath(f) for f in (weakref.__file__,) if f)
 
 Location = tuple[str, int]
 
