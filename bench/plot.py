@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import sys
+import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +79,7 @@ def plot(res, path):
         return
     fig, axes = plt.subplots(len(secs), 1, figsize=(13, 4.2 * len(secs)), layout="constrained", squeeze=False)
     env = res["env"]
-    fig.suptitle(f"{res.get('headline', '')}\nprefetch benchmark ({'quick' if res['quick'] else 'full'} run, "
+    fig.suptitle(textwrap.fill(res.get("headline", ""), 150) + f"\nprefetch benchmark ({'quick' if res['quick'] else 'full'} run, "
                  f"{env['time_utc']}): {env['cpu']}, {env['cores']} cores, Python {env['python']}, "
                  f"numpy {env['numpy']}" + (f", mxnet {env['mxnet']}" if env.get("mxnet") else ""), fontsize=10)
     colours = Colours()
