@@ -14,7 +14,7 @@ import sys
 import sysconfig
 
 # A broken install fails here with what is missing and what to do, not with a traceback from the
-# build backend (issue 11). pip shows these lines under "error: subprocess-exited-with-error".
+# build backend. pip shows these lines under "error: subprocess-exited-with-error".
 if sys.version_info < (3, 10):  # noqa: UP036 (requires-python is read only after this file ran)
     sys.exit(f"prefetch-ring needs Python >= 3.10; this is Python {sys.version.split()[0]} "
              f"({sys.executable}).\n"

@@ -7,7 +7,13 @@ distribution-free 95 % confidence interval of that median from
 normal shape, one disturbed repetition cannot drag it, and with fewer than 6
 repetitions it is honestly unbounded. A verdict is "met" only when the whole
 interval clears the target, "missed" when the whole interval is on the wrong
-side, else "inconclusive".
+side, else "inconclusive". When an interval straddles its target after the
+planned repetitions, the section runs more (``repetitions``), up to a cap; what
+is still open then is "inconclusive", or in --quick "not resolved in quick
+mode" (a quick run is too short to call it, which is not a verdict).
+
+A section may declare the comparison its results lead with (``Headline``): the
+harness turns it into the first line of the report.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from scipy import stats
 
 LEVEL = 0.95
 MET, MISSED, INCONCLUSIVE, NOT_RUN = "met", "missed", "inconclusive", "not measured"
+NOT_RESOLVED = "not resolved in quick mode"
 
 
 @dataclass
@@ -62,8 +69,12 @@ def ratios(a, b) -> list[float]:
 class Verdict:
     target: str     # what is promised, in a user's words
     measured: str   # the figure with its interval
-    status: str     # MET, MISSED, INCONCLUSIVE or NOT_RUN
+    status: str     # MET, MISSED, INCONCLUSIVE, NOT_RESOLVED or NOT_RUN
     note: str = ""
+    busy: bool = False   # other processes used the CPUs while it was measured: take it with care
+
+    def shown(self) -> str:
+        return self.status.upper() + (" (busy machine)" if self.busy and self.status in (MET, MISSED) else "")
 
     def as_dict(self):
         return asdict(self)
@@ -91,3 +102,59 @@ def combine(statuses) -> str:
     if MISSED in s:
         return MISSED
     return MET if all(x == MET for x in s) else INCONCLUSIVE
+
+
+def repetitions(cfg, unresolved, say, what="repetition"):
+    """Repetition indexes 0, 1, ...: cfg["reps"] of them, then more while unresolved()
+    (an interval still straddles its target), up to cfg["max_reps"] (the harness sets it).
+
+    Rows stay interleaved in the extra repetitions, so they are paired like the others.
+    """
+    planned = cfg["reps"]
+    cap = max(planned, cfg.get("max_reps", planned))
+    rep = 0
+    while rep < planned or (rep < cap and unresolved()):
+        extra = f" (more: an interval straddles its target; at most {cap})" if rep >= planned else ""
+        say(f"{what} {rep + 1}/{planned}{extra}")
+        yield rep
+        rep += 1
+
+
+def open_verdicts(verdicts) -> bool:
+    """True when a verdict could still go either way (its interval straddles the target)."""
+    return any(v.status == INCONCLUSIVE for v in verdicts)
+
+
+@dataclass
+class Headline:
+    """The comparison a section leads with: ours against what a user would otherwise write.
+
+    ratio is the per-repetition ratio ours / other of a quantity where lower is better
+    (time per batch, extra cost per batch); the sentence says it as "k x faster".
+    """
+    ours: str       # e.g. "prefetch.Loader"
+    other: str      # e.g. "a plain loop over the dataset"
+    what: str       # where it was measured, e.g. "per epoch of an image pipeline"
+    ratio: Interval
+    better: str = "faster"
+    worse: str = "slower"
+
+    def as_dict(self):
+        return asdict(self)
+
+    def sentence(self, machine: str, quick: bool) -> str:
+        iv = self.ratio
+        where = f"on this machine ({machine})"
+        if iv.n == 0:
+            return f"{self.ours} against {self.other} {self.what}: not measured {where}."
+        if math.isnan(iv.lo) or iv.lo <= 1 <= iv.hi:
+            tail = (" not resolved in quick mode (run without --quick for more repetitions)." if quick
+                    else " too close to call.")
+            return (f"{self.ours} and {self.other} are within noise of each other {self.what} {where}: "
+                    f"time ratio {iv.text(2)},{tail}")
+        if iv.hi < 1:
+            k, lo, hi, word = 1 / iv.median, 1 / iv.hi, 1 / iv.lo, self.better
+        else:
+            k, lo, hi, word = iv.median, iv.lo, iv.hi, self.worse
+        return (f"{self.ours} is {k:.1f}x {word} than {self.other} {self.what} {where} "
+                f"(95% interval {lo:.1f}-{hi:.1f}x).")

@@ -62,12 +62,50 @@ def env_info():
     return info
 
 
-def load_average():
-    """1-minute load average (how busy the machine was), or None where the OS has none."""
+class OtherCpu:
+    """How much CPU other processes used while a block ran, in cores (0 to the core count).
+
+    The machine's busy time (/proc/stat) minus this process's and its waited-for children's
+    (/proc/self/stat), over the wall time: the benchmark's own threads do not count as load,
+    which a load average would include. None where /proc is not there.
+    """
+
+    def __init__(self):
+        self._t0, self._busy0, self._own0 = time.monotonic(), _machine_busy_s(), _own_cpu_s()
+
+    def cores(self):
+        busy, own = _machine_busy_s(), _own_cpu_s()
+        if busy is None or own is None or self._busy0 is None or self._own0 is None:
+            return None
+        wall = time.monotonic() - self._t0
+        return max(0.0, (busy - self._busy0) - (own - self._own0)) / wall if wall > 0 else None
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _machine_busy_s():
     try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
         return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle + iowait
+    guest = sum(fields[8:10])   # guest time is counted in user time too
+    return (sum(fields) - idle - guest) / _TICK
+
+
+def _own_cpu_s():
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) "; comm may hold spaces
+    return sum(int(x) for x in fields[11:15]) / _TICK   # utime, stime, cutime, cstime
+
+
+BUSY_CORES = 0.25   # other processes using more than this on average make intervals wide
 
 
 def human_bytes(n):

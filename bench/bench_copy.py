@@ -38,7 +38,7 @@ def add_arguments(g):
 
 
 def config(a):
-    sizes = a.sizes or ([64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB] if a.quick
+    sizes = a.sizes or ([64 * KiB, 1 * MiB, 16 * MiB] if a.quick
                         else [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB])
     return {"sizes": sizes, "reps": a.reps or (9 if a.quick else 15),
             "target_s": 0.03 if a.quick else 0.1, "n_min": 3, "n_max": 20000, "depth": 2}
@@ -126,8 +126,12 @@ def run(cfg, say):
         for row in ROWS:  # pilot: N per row so one measurement takes about target_s
             per = _time(row, src, dst, 3, cfg["depth"]) / 3
             nrow[row] = max(cfg["n_min"], min(cfg["n_max"], int(cfg["target_s"] * 1e9 / max(per, 1))))
-        for rep in range(cfg["reps"]):
-            say(f"{U.human_bytes(size)}, repetition {rep + 1}/{cfg['reps']}")
+        def unresolved(size=size):   # a target at this size still straddled by its interval
+            return size >= GOAL_MIN_SIZE and any(
+                S.judge(S.interval(S.ratios(gbs[a][size], gbs[b][size])), GOAL, higher_is_better=True)
+                == S.INCONCLUSIVE for a, b, _ in TARGETS)
+
+        for rep in S.repetitions(cfg, unresolved, say, f"{U.human_bytes(size)}, repetition"):
             for row in U.rotate(ROWS, rep):
                 gbs[row].setdefault(size, []).append(size * nrow[row] / _time(row, src, dst, nrow[row], cfg["depth"]))
         del src, dst
@@ -161,6 +165,10 @@ def plot(ax, data):
         ivs = [S.interval(by[str(s)]) for s in sizes]
         style = {LIM1: "k-", LIM2: "k--"}.get(row, "-o" if row.startswith("prefetch.") else ":s")
         ax.plot(x, [iv.median for iv in ivs], style, lw=2.2 if row.startswith("prefetch.") else 1.2, label=row)
+    for lim, style in ((LIM1, ":"), (LIM2, "-.")):
+        if lim in data["gbs"]:
+            ax.plot(x, [GOAL * S.interval(data["gbs"][lim][str(s)]).median for s in sizes], style, lw=1,
+                    label=f"target: {GOAL:g} x {lim}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(x, [U.human_bytes(s).replace(" ", "") for s in sizes])
     ax.set_xlabel("batch size")

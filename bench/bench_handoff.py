@@ -90,6 +90,41 @@ def _per_batch_us(make, n, depth):
     return t / n / 1e3
 
 
+TARGETS = ((OURS, QUEUE_COPY, 0.2, "extra cost per tiny batch <= 1/5 of a queue.Queue thread + np.copy"),
+           (OURS, MX_PF, 1 / 30, "extra cost per tiny batch <= 1/30 of mx.io.PrefetchingIter"),
+           (MX_OURS, MX_PF, 1.0, "prefetch.mx.PrefetchingIter costs no more per batch than mx.io.PrefetchingIter"))
+
+
+def _extra(rows, per_us, depths):
+    """Each row's µs per batch minus its plain loop's, per repetition, by depth."""
+    base = {name: b for name, b, *_ in rows}
+    return {name: {d: [x - y for x, y in zip(per_us[name][d], per_us[b][d])] for d in depths}
+            for name, b in base.items() if b}
+
+
+def _ratios(extra, depths):
+    """(ours, other) -> {depth: Interval of per-repetition extra-cost ratios}."""
+    ratio = {}
+    for ours, others in ((OURS, (QUEUE_COPY, QUEUE, BG, MX_PF)), (MX_OURS, (MX_PF,))):
+        for other in others:
+            if ours in extra and other in extra:
+                ratio[(ours, other)] = {d: S.interval(S.ratios(extra[ours][d], extra[other][d]))
+                                        for d in depths if extra[ours][d]}
+    return ratio
+
+
+def _verdicts(ratio, skipped):
+    verdicts = []
+    for ours, other, goal, text in TARGETS:
+        iv = ratio.get((ours, other), {}).get(TARGET_DEPTH)
+        if iv is None:
+            verdicts.append(S.Verdict(text, "n/a", S.NOT_RUN, skipped.get("MXNet rows", "")))
+            continue
+        verdicts.append(S.Verdict(text, f"ratio {iv.text(3)} at depth {TARGET_DEPTH}",
+                                  S.judge(iv, goal, higher_is_better=False)))
+    return verdicts
+
+
 def run(cfg, say):
     rows, skipped = _rows(cfg)
     depths = cfg["depths"]
@@ -97,38 +132,30 @@ def run(cfg, say):
     for name, _, make, _ in rows:  # pilot: N per row so that one measurement takes about target_s
         per = _per_batch_us(make, 300, TARGET_DEPTH)
         n[name] = max(cfg["n_min"], min(cfg["n_max"], int(cfg["target_s"] * 1e6 / max(per, 1e-3))))
-    # per_us[row][depth] = [one value per repetition]; rows without a depth are measured once per repetition
+    # per_us[row][depth] = [one value per repetition]; rows without a depth are measured at depths[0]
     per_us = {name: {d: [] for d in depths} for name, *_ in rows}
-    for rep in range(cfg["reps"]):
-        say(f"repetition {rep + 1}/{cfg['reps']}")
-        for d in U.rotate(depths, rep):
-            for name, _, make, by_depth in U.rotate(rows, rep):
-                if by_depth or d == depths[0]:
-                    per_us[name][d].append(_per_batch_us(make, n[name], d))
-    for name, _, _, by_depth in rows:
-        if not by_depth:
-            for d in depths[1:]:
-                per_us[name][d] = per_us[name][depths[0]]
-    base = {name: b for name, b, *_ in rows}
-    extra = {name: {d: [x - y for x, y in zip(per_us[name][d], per_us[b][d])] for d in depths}
-             for name, b in base.items() if b}
-    ratio = {}  # (ours, other) -> {depth: Interval of per-repetition extra-cost ratios}
-    for ours, others in ((OURS, (QUEUE_COPY, QUEUE, BG, MX_PF)), (MX_OURS, (MX_PF,))):
-        for other in others:
-            if ours in extra and other in extra:
-                ratio[(ours, other)] = {d: S.interval(S.ratios(extra[ours][d], extra[other][d])) for d in depths}
 
-    verdicts = []
-    for ours, other, goal, text in (
-            (OURS, QUEUE_COPY, 0.2, "extra cost per tiny batch <= 1/5 of a queue.Queue thread + np.copy"),
-            (OURS, MX_PF, 1 / 30, "extra cost per tiny batch <= 1/30 of mx.io.PrefetchingIter"),
-            (MX_OURS, MX_PF, 1.0, "prefetch.mx.PrefetchingIter costs no more per batch than mx.io.PrefetchingIter")):
-        iv = ratio.get((ours, other), {}).get(TARGET_DEPTH)
-        if iv is None:
-            verdicts.append(S.Verdict(text, "n/a", S.NOT_RUN, skipped.get("MXNet rows", "")))
-            continue
-        verdicts.append(S.Verdict(text, f"ratio {iv.text(3)} at depth {TARGET_DEPTH}",
-                                  S.judge(iv, goal, higher_is_better=False)))
+    def by_depth_view():   # rows without a depth stand for every depth
+        return {name: {d: per_us[name][d if by_depth else depths[0]] for d in depths}
+                for name, _, _, by_depth in rows}
+
+    def unresolved():
+        return S.open_verdicts(_verdicts(_ratios(_extra(rows, by_depth_view(), depths), depths), skipped))
+
+    for rep in S.repetitions(cfg, unresolved, say):
+        # Extra repetitions only decide the targets: they measure the target depth alone.
+        for d in (U.rotate(depths, rep) if rep < cfg["reps"] else [TARGET_DEPTH]):
+            for name, _, make, by_depth in U.rotate(rows, rep):
+                if by_depth or d == depths[0] or (rep >= cfg["reps"] and d == TARGET_DEPTH):
+                    per_us[name][d if by_depth else depths[0]].append(_per_batch_us(make, n[name], d))
+    per_us = by_depth_view()
+    extra = _extra(rows, per_us, depths)
+    ratio = _ratios(extra, depths)
+    verdicts = _verdicts(ratio, skipped)
+    head = ratio[(OURS, QUEUE_COPY)][TARGET_DEPTH]
+    headline = S.Headline(OURS, "a queue.Queue thread + np.copy",
+                          f"per tiny batch handed over (extra cost over a plain loop, depth {TARGET_DEPTH})",
+                          head, better="cheaper", worse="dearer")
 
     hdr = ["row, extra µs per batch over its plain loop"] + [f"depth {d}" for d in depths]
     tab = []
@@ -144,7 +171,7 @@ def run(cfg, say):
                            [[f"{a} / {b}"] + [iv[d].text(3) for d in depths] for (a, b), iv in ratio.items()])
     lines += [f"  (not measured: {k}: {why})" for k, why in skipped.items()]
     data = {"depths": depths, "n_per_row": n, "per_batch_us": per_us, "extra_us": extra, "skipped": skipped}
-    return {"tables": lines, "verdicts": verdicts, "data": data}
+    return {"tables": lines, "verdicts": verdicts, "data": data, "headline": headline}
 
 
 def plot(ax, data):
@@ -155,6 +182,9 @@ def plot(ax, data):
         ours = name.startswith("prefetch.")
         ax.errorbar(depths, med, yerr=np.array([iv.errbar() for iv in ivs]).T,
                     fmt="-o" if ours else "--s", lw=2.2 if ours else 1.2, capsize=3, label=name)
+    if QUEUE_COPY in data["extra_us"]:
+        goal = [0.2 * max(S.interval(data["extra_us"][QUEUE_COPY][str(d)]).median, 5e-3) for d in depths]
+        ax.plot(depths, goal, "k:", lw=1, label=f"target for {OURS}: 1/5 of {QUEUE_COPY}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(depths, [str(d) for d in depths])

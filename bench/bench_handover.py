@@ -191,8 +191,10 @@ def run(cfg, say):
         nbatches[name] = n
         us[name] = {r: [] for r in ROWS}
         faults[name] = {r: [] for r in ROWS}
-        for rep in range(cfg["reps"]):
-            say(f"{name}, repetition {rep + 1}/{cfg['reps']}")
+        def unresolved(name=name):
+            return _open({"us_per_batch": us}, name)
+
+        for rep in S.repetitions(cfg, unresolved, say, f"{name}, repetition"):
             for row in U.rotate(ROWS, rep):
                 t, f, c = time_row(row, source, samples, n, works)
                 us[name][row].append(t)
@@ -214,6 +216,39 @@ def run(cfg, say):
 
 def _ratio(data, case, a, b):
     return S.interval(S.ratios(data["us_per_batch"][case][a], data["us_per_batch"][case][b]))
+
+
+def _targets(case):
+    """(ours, other, goal) of the targets this case decides (at most `goal` x the other's time)."""
+    out = []
+    if ", fresh," in case:
+        out.append((OURS, QUEUE, GOAL_QUEUE))
+        if case.endswith("works"):
+            out.append((OURS, PLAIN, GOAL_PLAIN))
+    if ", refilled," in case:
+        out.append((OURS, ALWAYS, GOAL_SAME))
+    return out
+
+
+def _open(data, case):
+    """True while a target of this case is straddled by its interval."""
+    return any(S.judge(_ratio(data, case, a, b), goal, higher_is_better=False) == S.INCONCLUSIVE
+               for a, b, goal in _targets(case))
+
+
+def plot(ax, data):
+    cases = list(data["us_per_batch"])
+    rows = [r for r in ROWS if r != PLAIN]
+    width = 0.8 / len(rows)
+    for j, r in enumerate(rows):
+        ivs = [_ratio(data, c, r, PLAIN) for c in cases]
+        ax.bar([i + (j - (len(rows) - 1) / 2) * width for i in range(len(cases))], [iv.median for iv in ivs],
+               width, yerr=np.array([iv.errbar() for iv in ivs]).T, capsize=2, label=r)
+    ax.axhline(GOAL_PLAIN, color="k", ls="--", lw=0.8,
+               label=f"target: {OURS} <= {GOAL_PLAIN:g} x {PLAIN} (fresh batches, consumer works)")
+    ax.set_xticks(range(len(cases)), [c.replace(", ", "\n", 1) for c in cases], fontsize=7)
+    ax.set_ylabel(f"time per batch / {PLAIN}")
+    ax.set_title("Hand-over of fresh batches vs copying, lower is better (median, bars: 95% interval)")
 
 
 def _verdicts(data):

@@ -29,7 +29,7 @@ def config(a):
 def run(cfg, say):
     mx, why = B.load_mx() if not cfg["skip"] else (None, "left out (--no-mx)")
     if mx is None:
-        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}}
+        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}, "skipped": why}
     say(f"{cfg['epochs']} epochs per feeder")
     epoch_times = importlib.import_module("_mx_fit").epoch_times
     with U.no_gc():
@@ -49,7 +49,8 @@ def plot(ax, data):
     ks = list(data["epochs_s"])
     ivs = [S.interval(data["epochs_s"][k][1:]) for k in ks]
     med = [iv.median for iv in ivs]
-    ax.bar(range(len(ks)), med, yerr=[list(e) for e in zip(*(iv.errbar() for iv in ivs))], capsize=4, color=["grey", "tab:orange", "tab:blue"][:len(ks)])
+    for i, (k, m, iv) in enumerate(zip(ks, med, ivs)):   # one bar per feeder, labelled: its colour is the row's
+        ax.bar([i], [m], yerr=[[e] for e in iv.errbar()], capsize=4, label=LABELS[k])
     ax.set_xticks(range(len(ks)), [LABELS[k].replace(" (", "\n(") for k in ks], fontsize=8)
     ax.set_ylabel("seconds per epoch")
     ax.set_title("MXNet Module.fit epoch time, lower is better\n(median, bars: 95% interval)")

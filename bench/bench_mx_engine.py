@@ -30,6 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as bench/run.py: 2 cores, no Op
 import _baselines as B  # noqa: E402
 import _stats as S  # noqa: E402
 import _util as U  # noqa: E402
+import numpy as np  # noqa: E402
 
 TITLE = "MXNet feeding cost per batch (NDArrayIter)"
 SHAPES = [(64, 10), (64, 3, 64, 64), (32, 3, 224, 224)]
@@ -122,8 +123,10 @@ def _loader_table(mx, cfg, say):
     loader = gluon.DataLoader(gluon.ArrayDataset(data), batch_size=DL_SHAPE[0])
     t = {r: [] for r in DL_ROWS}
     with U.no_gc():
-        for rep in range(cfg["reps"]):
-            say(f"Gluon DataLoader: repetition {rep + 1}/{cfg['reps']}")
+        def unresolved():
+            return S.open_verdicts(_verdicts(cfg, {"gluon": t}))
+
+        for rep in S.repetitions(cfg, unresolved, say, "Gluon DataLoader: repetition"):
             for r in U.rotate(DL_ROWS, rep):
                 t[r].append(_loader_pass(mx, r, loader) * 1e6)
     tab = [[r, S.interval(t[r]).text(0), S.interval(S.ratios(t[r], t[DL_COPY])).text(3)] for r in DL_ROWS]
@@ -135,7 +138,7 @@ def _loader_table(mx, cfg, say):
 def run(cfg, say):
     mx, why = B.load_mx() if not cfg["skip"] else (None, "left out (--no-mx)")
     if mx is None:
-        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}}
+        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}, "skipped": why}
     import prefetch.mx as pmx
 
     data_out, lines = {}, []
@@ -150,15 +153,19 @@ def run(cfg, say):
             del probe
             t = {r: [] for r in ROWS}
             f = {r: [] for r in ROWS}
+            key = f"{consumer} {shape}"
+            data_out[key] = {"batches": nb, "us": t, "faults": f}   # filled in place below
+
+            def unresolved(key=key):   # a target of this batch shape still straddled by its interval
+                return S.open_verdicts(_verdicts(cfg, {key: data_out[key]}))
+
             with U.no_gc():
-                for rep in range(cfg["reps"]):
-                    say(f"{consumer}, batch {shape}: repetition {rep + 1}/{cfg['reps']}")
+                for rep in S.repetitions(cfg, unresolved, say, f"{consumer}, batch {shape}: repetition"):
                     for r in U.rotate(ROWS, rep):
                         s, flt = _pass(mx, pmx, r, data, batch, nb, consumer)
                         t[r].append(s * 1e6)
                         f[r].append(flt)
             del data
-            data_out[f"{consumer} {shape}"] = {"batches": nb, "us": t, "faults": f}
             mx.nd.waitall()
     for consumer in cfg["consumers"]:
         lines.append(f"  consumer {consumer}: µs per batch, median [95% interval]; extra over the plain loop")
@@ -212,6 +219,31 @@ def _verdicts(cfg, data_out):
         out.append(S.Verdict("Gluon DataLoader: device=cpu_pinned <= 1.10 x (direct + two copies)",
                              f"ratio {iv.text(3)}", S.judge(iv, 1.10, higher_is_better=False)))
     return out
+
+
+def plot(ax, data):
+    """Each row's time per batch over (plain loop + one engine copy), by batch shape, and the
+    Gluon DataLoader rows over (direct + one copy); the 1.10 target line."""
+    groups = [k for k in data if k != "gluon"] + (["gluon"] if "gluon" in data else [])
+    rows = [r for r in ROWS if r not in (PLAIN, COPY)] + [r for r in (DL_OURS, DL_PINNED)]
+    width = 0.8 / len(rows)
+    for j, r in enumerate(rows):
+        xs, ys, errs = [], [], []
+        for i, g in enumerate(groups):
+            t, base = (data[g], DL_COPY) if g == "gluon" else (data[g]["us"], COPY)
+            if r not in t:
+                continue
+            iv = S.interval(S.ratios(t[r], t[base]))
+            xs.append(i + (j - (len(rows) - 1) / 2) * width)
+            ys.append(iv.median)
+            errs.append(iv.errbar())
+        if xs:
+            ax.bar(xs, ys, width, yerr=np.array(errs).T, capsize=2, label=r)
+    ax.axhline(1.10, color="k", ls="--", lw=0.8, label="target: 1.10 x (plain loop or loader + one engine copy)")
+    ax.set_xticks(range(len(groups)), [("Gluon DataLoader" if g == "gluon" else f"consumer {g}")
+                                       for g in groups], fontsize=7)
+    ax.set_ylabel("time per batch / (plain + one copy)")
+    ax.set_title("MXNet feeding cost per batch, lower is better (median, bars: 95% interval)")
 
 
 def main(argv=None):

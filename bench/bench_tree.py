@@ -19,6 +19,7 @@ import sys
 
 import _stats as S
 import _util as U
+import numpy as np
 
 TITLE = "Batch walk beside optree and dm-tree"
 
@@ -125,6 +126,9 @@ def _limits(libs):
 
 def run(cfg, say):
     libs, skipped = _libs()
+    if len(libs) == 1:   # the comparison is the point of the section: without a library, nothing to compare
+        why = "; ".join(skipped.values()) or "neither optree nor dm-tree imports"
+        return {"tables": [f"  (not measured: {why})"], "verdicts": [], "data": {}, "skipped": why}
     sizes = cfg["leaves"]
     batches = {k: make_batch(k) for k in sizes}
     rows = list(libs) + [OURS]
@@ -164,6 +168,19 @@ def run(cfg, say):
     data = {"leaves": sizes, "per_batch_us": {r: {str(k): v for k, v in d.items()} for r, d in per_us.items()},
             "limits": limits, "skipped": skipped}
     return {"tables": lines, "verdicts": [], "data": data}
+
+
+def plot(ax, data):
+    leaves = data["leaves"]
+    for row, by in data["per_batch_us"].items():
+        ivs = [S.interval(by[str(k)]) for k in leaves]
+        ax.errorbar(leaves, [iv.median for iv in ivs], yerr=np.array([iv.errbar() for iv in ivs]).T,
+                    fmt="-o" if row.startswith("prefetch") else "--s", capsize=3, label=row)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("leaves per batch")
+    ax.set_ylabel("µs per batch")
+    ax.set_title("Batch walk (flatten + rebuild), lower is better\n(median, bars: 95% interval)")
 
 
 def main(argv=None):

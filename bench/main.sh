@@ -12,6 +12,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 source "$root/tests/venvs.sh"
+pf_lock
 py="${PYTHON:-$(pf_find_python 3.11)}"
 py="${py:-python3}"
 pf_sdist

@@ -1,32 +1,50 @@
-"""The benchmark: prefetch beside a plain loop, a threading + queue.Queue
-prefetcher and mx.io.PrefetchingIter, on this machine, in one run.
+"""The benchmark: prefetch beside what a user would otherwise write, on this machine, in one run.
 
-    python bench/run.py [--quick] [--out DIR] [--sections a,b] [--reps N] [section options]
+    python bench/run.py [--quick] [--out DIR] [--sections a,b] [--reps N] [--max-reps N] [section options]
 
-Prints a summary sentence, the targets with their verdicts, then one table per
-section; writes DIR/bench.txt (the report), DIR/bench.json (every sample) and
-DIR/bench.png (the plot). Every figure is the median over repetitions with its
-95 % interval; rows are interleaved within each repetition, so machine noise
-hits all rows alike. A target is "met" only when its whole interval clears it,
-"missed" when the whole interval is on the wrong side, else "inconclusive".
---quick (CI smoke) takes under 3 minutes on 2 cores. Exit status 0 when every
-section ran, whatever the verdicts; 1 when a section crashed.
+--quick runs the headline's section and the cheaper ones (QUICK_SECTIONS) with
+fewer sizes and repetitions (meant to stay under 2 minutes on a quiet 2-core
+machine); --sections all runs every section in quick mode (CI's smoke test).
+
+Prints one sentence first (what is faster than what, by how much, on this
+machine: the headline of the first section that declares one), the count of
+targets by verdict, the targets, then one table per section; writes
+DIR/bench.txt (the report), DIR/bench.json (every sample) and DIR/bench.png
+(the plot), all three or none. Every figure is the median over repetitions
+with its 95 % interval; rows are interleaved within each repetition, so machine
+noise hits all rows alike. A target is "met" only when its whole interval
+clears it, "missed" when the whole interval is on the wrong side; while an
+interval straddles its target the section adds repetitions (up to --max-reps),
+and what is still open then is "inconclusive" ("not resolved in quick mode"
+with --quick). How busy the machine was is the CPU time of other processes
+(the benchmark's own threads excluded). Exit status 0 when every section ran,
+whatever the verdicts; 1 when a section crashed or the results could not be
+written; 130 on Ctrl-C (nothing written).
 
 Adding a section: write bench/bench_<name>.py and add <name> to SECTIONS below.
 The module provides
     TITLE                    a heading in the user's words
     config(args) -> dict     its parameters from the parsed command line
-                             (args.quick, args.reps, args.no_mx and its own)
+                             (args.quick, args.reps, args.no_mx and its own); "reps" is the
+                             planned repetitions, and the harness adds "max_reps"
     run(cfg, say) -> dict    {"tables": [lines], "verdicts": [_stats.Verdict],
-                              "data": JSON-able figures}; say(text) shows progress
+                              "data": JSON-able figures}; say(text) shows progress;
+                             optional keys: "headline": _stats.Headline (the comparison the
+                             report leads with), "skipped": why nothing was measured (a
+                             missing dependency; the section then counts as not run)
 and optionally
     add_arguments(group)     its own command-line options (names unique across sections)
-    plot(ax, data)           one matplotlib panel from its "data" (as read back from JSON)
+    plot(ax, data)           one matplotlib panel from its "data" (as read back from JSON);
+                             a target is drawn as a line labelled "target ..."
+Loop over repetitions with _stats.repetitions(cfg, unresolved, say), unresolved()
+saying whether a target's interval still straddles it.
 Use only the public prefetch API (prefetch.Prefetcher, .stats(), prefetch.mx).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import importlib
 import json
 import os
@@ -42,6 +60,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
 SECTIONS = ["handoff", "handover", "copy", "memory", "overlap", "mx_engine", "mx_e2e", "torch", "tree"]
+# --quick runs these (the headline and the cheaper targets) unless --sections says otherwise;
+# the others are named in the report as left to a full run.
+QUICK_SECTIONS = ["handoff", "copy", "memory", "mx_engine", "torch"]
 
 try:
     import _stats as S  # needs scipy
@@ -57,10 +78,14 @@ def _sections():
 def _parser(mods):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="CI smoke: fewer sizes and repetitions (< 3 min on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="the headline and the cheaper sections, fewer sizes and "
+                    "repetitions (meant to stay under 2 minutes on a quiet 2-core machine)")
     ap.add_argument("--out", default=os.path.join(HERE, "out"), help="folder for bench.txt, bench.json, bench.png")
-    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma list of: " + ", ".join(SECTIONS))
+    ap.add_argument("--sections", help="comma list of: " + ", ".join(SECTIONS) + ", or 'all' (default: all; "
+                    "with --quick: " + ", ".join(QUICK_SECTIONS) + ")")
     ap.add_argument("--reps", type=int, help="repetitions of every timed row (>= 6 for a 95%% interval)")
+    ap.add_argument("--max-reps", type=int, help="cap on the repetitions a section adds while an interval "
+                    "straddles its target (default: 1.5 x --reps in --quick, 3 x in a full run; none with --reps)")
     ap.add_argument("--no-mx", action="store_true", help="leave the MXNet rows out even when it imports")
     ap.add_argument("--no-plot", action="store_true")
     for name, m in mods.items():
@@ -82,90 +107,219 @@ def _say(section):
     return say
 
 
-def _summary(env, quick, wanted, verdicts, mods, load):
+def _machine(env):
+    return f"{env['cores']}-core {env['cpu']}, Python {env['python']}"
+
+
+def _headline(results, wanted, env, quick):
+    """The first line: the first section (in run order) that declared a headline and ran."""
+    for s in wanted:
+        h = results.get(s, {}).get("headline")
+        if h is not None:
+            return h.sentence(_machine(env), quick)
+    return None
+
+
+def _counts(verdicts):
     by = {}
     for v in verdicts:
         by.setdefault(v.status, []).append(v.target)
-    what = ", ".join(t if t[1].isupper() else t[0].lower() + t[1:] for t in (mods[s].TITLE for s in wanted))
-    counts = "; ".join(f"{st} {len(by[st])}" + (f" ({'; '.join(by[st])})" if st in (S.MET, S.MISSED) else "")
-                       for st in (S.MET, S.MISSED, S.INCONCLUSIVE, S.NOT_RUN) if st in by)
-    return (f"Measured {what} of prefetch against a plain loop, a threading + queue.Queue prefetcher"
-            f"{' and mx.io.PrefetchingIter' if env['mxnet'] else ''} ({'quick' if quick else 'full'} run) "
-            f"on {env['cpu']}, {env['cores']} cores, Python {env['python']}, numpy {env['numpy']}"
-            f"{', mxnet ' + env['mxnet'] if env['mxnet'] else ''}. "
-            f"Of {len(verdicts)} targets: {counts or 'none judged'}."
-            + (f" The machine was busy (load average up to {load:.1f} on {env['cores']} cores): expect wide "
-               "intervals, and figures that differ from a quiet machine's." if load and load > 0.5 * env["cores"] else ""))
+    order = (S.MET, S.MISSED, S.INCONCLUSIVE, S.NOT_RESOLVED, S.NOT_RUN)
+    counts = ", ".join(f"{st} {len(by[st])}" for st in order if st in by)
+    return f"Of {len(verdicts)} targets: {counts or 'none judged'}."
+
+
+def _busy_line(others, env):
+    if others is None:
+        return "Other processes' CPU use: unknown (no /proc here)."
+    busy = others > U.BUSY_CORES
+    return (f"Other processes used {others:.2f} of {env['cores']} cores on average during the run"
+            + (": the machine was busy, expect wide intervals and figures that differ from a quiet machine's."
+               if busy else " (quiet)."))
+
+
+def _ran(results):
+    """Sections that measured something: not failed, not turned into a note by a missing dependency."""
+    return [s for s, r in results.items() if not r.get("skipped")]
+
+
+def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left):
+    ran = _ran(results)
+    first = _headline(results, wanted, env, a.quick)
+    ran_what = f"{'Quick' if a.quick else 'Full'} run of: " + "; ".join(mods[s].TITLE for s in ran) + "."
+    lines = ([first, f"{_counts(verdicts)} {ran_what}"] if first else   # no headline: the counts lead
+             [f"On this machine ({_machine(env)}): {_counts(verdicts)[0].lower()}{_counts(verdicts)[1:]}",
+              ran_what])
+    not_run = [f"{mods[s].TITLE} ({results[s]['skipped']})" for s in results if s not in ran]
+    not_run += [f"{mods[s].TITLE} (failed)" for s in errors]
+    if left:
+        not_run.append("left to a full run (without --quick): " + "; ".join(mods[s].TITLE for s in left))
+    if not_run:
+        lines.append("Not run: " + "; ".join(not_run) + ".")
+    lines.append(_busy_line(others, env))
+    lines.append("")
+    lines += U.table_lines(["target", "measured: median [95% interval]", "verdict"],
+                           [[v.target, v.measured, v.shown()] for v in verdicts], indent="")
+    lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note and "; " in v.note]
+    lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
+              "inconclusive: the interval still straddles the target after the extra repetitions; not resolved in",
+              "quick mode: a quick run was too short to tell (run without --quick). (busy machine): other",
+              "processes used the CPUs while it was measured: re-run on a quiet machine before relying on it.",
+              f"Run: {env['time_utc']}, {wall:.0f} s, {_machine(env)}, numpy {env['numpy']}"
+              + (f", mxnet {env['mxnet']}" if env["mxnet"] else "") + ".", ""]
+    for s in wanted:
+        if s not in results and s not in errors:
+            continue
+        lines.append(f"== {mods[s].TITLE} ==")
+        if s in errors:
+            lines += ["  FAILED: " + errors[s].strip().splitlines()[-1], ""]
+            continue
+        r = results[s]
+        doc = (mods[s].__doc__ or "").strip().splitlines()  # what the section measures, for the reader
+        busy = "" if r["others_cores"] is None else f"; other processes used {r['others_cores']:.2f} cores"
+        lines += ["  " + x for x in doc] + [""] + r["tables"] + [f"  ({r['wall_s']} s{busy})", ""]
+    return lines
+
+
+def _write(out_dir, files, plot_from):
+    """Write every file under a temporary name, then rename them all: a run that stops
+    (disk full, Ctrl-C) leaves the previous results as they were, never half of new ones."""
+    tmp = {name: os.path.join(out_dir, f".{name}.{os.getpid()}.tmp") for name in files}
+    try:
+        for name, body in files.items():
+            with open(tmp[name], "w") as f:
+                f.write(body)
+        if plot_from is not None:
+            png = os.path.join(out_dir, f".bench.{os.getpid()}.tmp.png")
+            tmp["bench.png"] = png   # removed in finally if the plot fails half-way
+            try:
+                import plot
+                plot.plot(plot_from, png)
+            except ImportError as e:
+                print(f"(no plot: {e}; pip install matplotlib)", file=sys.stderr)
+            except Exception:  # noqa: BLE001 - a broken panel must not cost the report and the JSON
+                print(f"(no plot: it failed:\n{traceback.format_exc()})", file=sys.stderr)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(png)
+            if not os.path.exists(png):   # no matplotlib, or no section with data to draw
+                del tmp["bench.png"]
+        for name, path in tmp.items():
+            os.replace(path, os.path.join(out_dir, name))
+    finally:
+        for path in tmp.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return [os.path.join(out_dir, name) for name in tmp]
+
+
+def _lock(out_dir):
+    """One run per output folder: a second one says who holds it and exits."""
+    f = open(os.path.join(out_dir, ".lock"), "a+")  # noqa: SIM115 - held until the process exits
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        sys.exit(f"bench/run.py: another run (pid {holder}) is writing to {out_dir}; wait for it to end "
+                 "(two runs at once also slow each other's figures), or pass another --out")
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
 
 
 def main(argv=None):
     mods = _sections()
     a = _parser(mods).parse_args(argv)
-    wanted = [s.strip() for s in a.sections.split(",") if s.strip()]
+    chosen = a.sections or ",".join(QUICK_SECTIONS if a.quick else SECTIONS)
+    wanted = SECTIONS if chosen == "all" else [s.strip() for s in chosen.split(",") if s.strip()]
+    left = [] if a.sections else [s for s in SECTIONS if s not in wanted]
     bad = [s for s in wanted if s not in mods]
     if bad:
         sys.exit(f"--sections: unknown section(s) {bad}; choose from {SECTIONS}")
-    if a.reps is not None and a.reps < 1:
-        sys.exit(f"--reps must be >= 1, got {a.reps}")
+    for opt in ("reps", "max_reps"):
+        if getattr(a, opt) is not None and getattr(a, opt) < 1:
+            sys.exit(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(a, opt)}")
+    try:
+        os.makedirs(a.out, exist_ok=True)
+    except OSError as e:
+        sys.exit(f"bench/run.py: cannot make the output folder {a.out}: {e.strerror}")
+    lock = _lock(a.out)
     env = U.env_info()
-    load0, t_start = U.load_average(), time.perf_counter()
+    t_start, machine = time.perf_counter(), U.OtherCpu()
     results, errors, verdicts = {}, {}, []
-    for s in wanted:
-        say = _say(s)
-        t0 = time.perf_counter()
-        try:
-            cfg = mods[s].config(a)
-            r = mods[s].run(cfg, say)
-            r["config"], r["wall_s"] = cfg, round(time.perf_counter() - t0, 1)
-            results[s] = r
-            verdicts += r["verdicts"]
-        except Exception:  # noqa: BLE001 - one crashed section must not lose the others' figures
-            errors[s] = traceback.format_exc()
-            print(f"\n[{s}] failed:\n{errors[s]}", file=sys.stderr)
-        say(f"done in {time.perf_counter() - t0:.0f} s", final=True)
+    current = None
+    try:
+        for s in wanted:
+            current, say = s, _say(s)
+            t0, meter = time.perf_counter(), U.OtherCpu()
+            try:
+                cfg = mods[s].config(a)
+                cfg["max_reps"] = _max_reps(a, cfg)
+                r = mods[s].run(cfg, say)
+                r["config"], r["wall_s"] = cfg, round(time.perf_counter() - t0, 1)
+                r["others_cores"] = meter.cores()
+                for v in r["verdicts"]:
+                    if a.quick and v.status == S.INCONCLUSIVE:
+                        v.status = S.NOT_RESOLVED
+                    v.busy = r["others_cores"] is not None and r["others_cores"] > U.BUSY_CORES
+                results[s] = r
+                verdicts += r["verdicts"]
+            except Exception:  # noqa: BLE001 - one crashed section must not lose the others' figures
+                errors[s] = traceback.format_exc()
+                print(f"\n[{s}] failed:\n{errors[s]}", file=sys.stderr)
+            say(f"done in {time.perf_counter() - t0:.0f} s", final=True)
+    except KeyboardInterrupt:
+        print(f"\nbench/run.py: interrupted during the {current!r} section; nothing written "
+              f"(what {a.out} held before is unchanged).", file=sys.stderr)
+        return 130
     if sys.stderr.isatty():
         print(file=sys.stderr)
-    wall = time.perf_counter() - t_start
-    load1 = U.load_average()
+    wall, others = time.perf_counter() - t_start, machine.cores()
 
-    lines = [_summary(env, a.quick, wanted, verdicts, mods, max(x or 0 for x in (load0, load1))), ""]
-    lines += U.table_lines(["target", "measured: median [95% interval]", "verdict"],
-                           [[v.target, v.measured, v.status.upper()] for v in verdicts], indent="")
-    lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note and "; " in v.note]
-    lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
-              "inconclusive: the interval straddles the target (too noisy or too close to tell).",
-              (f"Run: {env['time_utc']}, {wall:.0f} s; load average {load0 or 0:.2f} before, {load1 or 0:.2f} after "
-               "(above ~0.5 per core other processes shared the machine: expect wide intervals)."), ""]
-    for s in wanted:
-        lines.append(f"== {mods[s].TITLE} ==")
-        if s in errors:
-            lines += ["  FAILED: " + errors[s].strip().splitlines()[-1], ""]
-            continue
-        doc = (mods[s].__doc__ or "").strip().splitlines()  # what the section measures, for the reader
-        lines += ["  " + x for x in doc] + [""] + results[s]["tables"] + [f"  ({results[s]['wall_s']} s)", ""]
+    lines = _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
     text = "\n".join(lines)
-    print(text)
-
-    os.makedirs(a.out, exist_ok=True)
     out = {"quick": a.quick, "argv": sys.argv[1:] if argv is None else argv, "env": env, "wall_s": wall,
-           "load_average": [load0, load1], "summary": lines[0],
-           "verdicts": [v.as_dict() for v in verdicts], "errors": errors,
-           "sections": {s: {"title": mods[s].TITLE, "config": r["config"], "data": r["data"]}
-                        for s, r in results.items()}}
-    written = []
-    for name, body in (("bench.txt", text + "\n"), ("bench.json", json.dumps(out, indent=1, default=str))):
-        with open(os.path.join(a.out, name), "w") as f:
-            f.write(body)
-        written.append(os.path.join(a.out, name))
-    if not a.no_plot:
-        try:
-            import plot
-            plot.plot(json.loads(json.dumps(out, default=str)), os.path.join(a.out, "bench.png"))
-            written.append(os.path.join(a.out, "bench.png"))
-        except ImportError as e:
-            print(f"(no plot: {e}; pip install matplotlib)", file=sys.stderr)
-    print("wrote " + ", ".join(written))
+           "others_cores": others, "headline": lines[0], "summary": lines[1],
+           "verdicts": [v.as_dict() for v in verdicts], "errors": errors, "ran": _ran(results),
+           "sections": {s: {"title": mods[s].TITLE, "config": r["config"], "data": r["data"],
+                            "headline": r["headline"].as_dict() if r.get("headline") else None}
+                        for s, r in results.items() if not r.get("skipped")}}
+    # The files first: a reader that closes stdout early (| head) must not cost the results.
+    try:
+        written = _write(a.out, {"bench.txt": text + "\n", "bench.json": json.dumps(out, indent=1, default=str)},
+                         None if a.no_plot else json.loads(json.dumps(out, default=str)))
+        failed = None
+    except KeyboardInterrupt:
+        print(f"bench/run.py: interrupted while writing; nothing written ({a.out} is unchanged).", file=sys.stderr)
+        return 130
+    except OSError as e:
+        written, failed = [], (f"bench/run.py: could not write the results to {a.out}: {e.strerror or e}; nothing "
+                               f"written (what {a.out} held before is unchanged). The report is above.")
+    finally:
+        lock.close()
+    try:
+        print(text)
+        if written:
+            print("wrote " + ", ".join(written))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the reader left; files are written
+    if failed:
+        print(failed, file=sys.stderr)
+        return 1
     return 1 if errors else 0
+
+
+def _max_reps(a, cfg):
+    """The cap on repetitions when an interval straddles its target: --max-reps, else none
+    beyond an explicit --reps, else 1.5 x the planned ones in --quick and 3 x in a full run."""
+    if a.max_reps is not None:
+        return max(a.max_reps, cfg.get("reps", 1))
+    if a.reps is not None or "reps" not in cfg:
+        return cfg.get("reps", 1)
+    return cfg["reps"] * 3 // 2 if a.quick else cfg["reps"] * 3
 
 
 if __name__ == "__main__":

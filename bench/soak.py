@@ -1,4 +1,4 @@
-"""Soak run (SPEC §5): a long prefetch stream, logging RSS, fill and wait times,
+"""Soak run: a long prefetch stream, logging RSS, fill and wait times,
 to show that memory stays flat. Not part of CI; an hour is the default.
 
 The source mimics a real loader: it refills one buffer in place (the §3 rule 3

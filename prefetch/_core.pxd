@@ -172,7 +172,7 @@ cdef class _Core:
     cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
     cdef _check_usable(self)
-    cdef _tear_down(self, double grace)
+    cdef _tear_down(self, double grace, at)
 
 
 cdef class _Iterator:

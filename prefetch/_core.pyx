@@ -30,6 +30,7 @@ from copy import copy as _shallow_copy
 
 import numpy as np
 
+from prefetch import _warn
 from prefetch._types import ClosedError, WorkerInfo
 
 cnp.import_array()
@@ -205,7 +206,8 @@ cdef class _Core:
 
     def _fail(self, uint64_t slot, exc, uint64_t n, what):
         try:
-            _add_note(exc, f"raised in prefetch worker {self.name!r} while {what} batch {n}")
+            _add_note(exc, f"raised in prefetch worker {self.name!r} while {what} batch {n + 1} "
+                           f"(counted from 1: the {n} before it are delivered first)")
         except Exception:
             pass  # an exception type that refuses notes is still delivered
         self._publish(slot, _Failure(exc), 0, False)
@@ -245,7 +247,7 @@ cdef class _Core:
 
         ``item`` is what next(source) returned; _run's variable is its one
         reference here when the source kept none (a cdef argument is borrowed),
-        which is what plan._find_sole counts on (SPEC §3 rule 1)."""
+        which is what plan._find_sole counts on (the hand-over rule)."""
         cdef CopyPlan plan = self._plan
         cdef list leaves = []
         cdef Py_ssize_t i
@@ -373,7 +375,7 @@ cdef class _Core:
                     doing = _DOING[self._doing] if self._describe is None else self._describe()
                     raise TimeoutError(
                         f"no batch from prefetcher {self.name!r} within {timeout} s; its "
-                        f"worker is {doing} (batch {self._batch_no})")
+                        f"worker is {doing} (batch {self._batch_no + 1}, counted from 1)")
                 if self._thread is None or not self._thread.is_alive():
                     # The worker publishes before it exits; re-check once so
                     # a batch published just before its exit is not missed.
@@ -391,13 +393,15 @@ cdef class _Core:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def close(self, double grace=CLOSE_GRACE_S):
+    def close(self, double grace=CLOSE_GRACE_S, at=None):
         """Stop the fetch thread, drop unconsumed batches, free the pool.
 
         Idempotent, and returns only once the teardown is complete (or the
         worker, stuck in the source, was warned about), whichever close()
         does it: another thread's close() waits for it. A close() cut short
-        (Ctrl-C during the join) leaves the rest to the next close()."""
+        (Ctrl-C during the join) leaves the rest to the next close(). A worker
+        still busy after ``grace`` s is warned about at ``at`` (filename, line:
+        where a finalizer's prefetcher was created), else at the user's line."""
         if self._torn_down:
             return
         self.closed = True
@@ -417,11 +421,11 @@ cdef class _Core:
             self._close_lock.acquire()
         try:
             if not self._torn_down:
-                self._tear_down(grace)
+                self._tear_down(grace, at)
         finally:
             self._close_lock.release()
 
-    cdef _tear_down(self, double grace):
+    cdef _tear_down(self, double grace, at):
         """close()'s work, under _close_lock. Each step may run again after an
         interruption, and does nothing twice (hooks, pool)."""
         pf_ring_close(self._ring)
@@ -433,10 +437,10 @@ cdef class _Core:
             if self._torn_down:
                 return   # a signal handler's close() finished it during the join
             if thread.is_alive():
-                warnings.warn(
+                _warn.warn(
                     f"prefetcher {self.name!r}: the worker is still {_DOING[self._doing]} "
                     f"after {grace} s; it is left as a daemon thread and exits when that returns",
-                    RuntimeWarning, stacklevel=3)
+                    RuntimeWarning, at)
         self._slots = [None] * self.depth
         if self._close_hooks is None:
             # Each adapter used returns the memory behind the dropped batches

@@ -10,11 +10,10 @@ pool.
 from __future__ import annotations
 
 import atexit
-import sys
-import warnings
 import weakref
 from typing import Any, Callable, Optional
 
+from prefetch import _warn
 from prefetch._core import _Core, _Iterator
 from prefetch._types import Stats
 
@@ -33,18 +32,22 @@ def _collected(core: _Core, owned: tuple[Any, ...], kind: str, created_at: tuple
     warn where it was created, as an unclosed file does."""
     running = core.state == "running"
     message = f"unclosed {kind} {core.name!r}: call close() or use 'with'"
-    _close_all(core, owned)
+    _close_all(core, owned, created_at)
     # Under -W error the warning is an exception whose traceback holds this
     # frame: it must not keep the core alive.
     del core
     if running and not _exiting:
-        warnings.warn_explicit(message, ResourceWarning, created_at[0], created_at[1])
+        _warn.warn(message, ResourceWarning, created_at)
 
 
-def _close_all(core: Optional[_Core], owned: tuple[Any, ...]) -> None:
+def _close_all(core: Optional[_Core], owned: tuple[Any, ...],
+               at: Optional[tuple[str, int]] = None) -> None:
+    """Close the epoch's core, then what outlives the epochs; a warning about
+    a stuck thread points at ``at`` (the creation line, from a finalizer) or
+    at the user's line."""
     try:
         if core is not None:
-            core.close()
+            core.close(at=at)
     finally:
         for thing in owned:   # a loader's stage, a device delivery, the pool: in that order
             thing.close()
@@ -60,9 +63,10 @@ class _Lifecycle(_Iterator):
     _owned: tuple[Any, ...] = ()
     _finalizer: "Optional[weakref.finalize[Any, Any]]" = None
 
-    def _remember_caller(self, depth: int = 2) -> None:
-        caller = sys._getframe(depth)
-        self._created_at = (caller.f_code.co_filename, caller.f_lineno)
+    def _remember_caller(self) -> None:
+        # Where the user created it (past a drop-in's or a loader's own
+        # frames): where a warning about it points later.
+        self._created_at = _warn.user_location() or ("<unknown>", 0)
 
     def _install(self, core: _Core, on_thread: tuple[Callable[[], None], ...] = ()) -> None:
         """Make ``core`` the current epoch's and start it; its fetch thread

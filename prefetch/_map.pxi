@@ -219,9 +219,9 @@ cdef class _MapStage:
                     stuck.append(t.name)
         self._threads = []
         if stuck:
-            warnings.warn(f"loader {self.name!r}: threads {stuck} are still inside the dataset after "
-                          f"{grace} s; they are left as daemon threads and exit when it returns",
-                          RuntimeWarning, stacklevel=3)
+            _warn.warn(f"loader {self.name!r}: threads {stuck} are still inside the dataset after "
+                       f"{grace} s; they are left as daemon threads and exit when it returns",
+                       RuntimeWarning)
 
     def stats(self):
         return dict(workers=self.target, load_s=self.load_ns / 1e9, loader_idle_s=self.idle_ns / 1e9,

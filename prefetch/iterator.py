@@ -3,7 +3,7 @@
 This layer owns what users touch: argument checks, ``repr``, the context
 manager and the finalizer. The fetch thread references only the inner
 ``_Core``, so dropping the last reference to a ``Prefetcher`` runs its
-finalizer at once, which closes the core and joins the thread (SPEC §5).
+finalizer at once, which closes the core and joins the thread.
 """
 from __future__ import annotations
 

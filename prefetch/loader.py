@@ -126,7 +126,7 @@ class _Threaded(_Lifecycle):
         self._mode = mode
         self._name = name
         self._core_options = (depth, 1, cap, name, delivery, True, pool, mode == MAP_STACK)
-        self._remember_caller(3)
+        self._remember_caller()
 
     # -- per epoch ----------------------------------------------------------
 

@@ -4,20 +4,26 @@
 #   bash tests/run.sh [--matrix] [--stress] [extra pytest args]
 # The package is tested as a user gets it: the sdist is built from this checkout, pip builds a wheel
 # from the sdist, each environment installs that wheel, and the tests run from the unpacked sdist
-# (build/dist/src), so a file missing from the sdist fails here. Environments (tests/venvs.sh):
-#   core    Python 3.11 (or $PYTHON), numpy 2, no MXNet: tests/core, tests/csrc (the C under TSan
-#           and ASan+UBSan), tests/mx and tests/pytorch (both frameworks stay optional); then
+# (build/dist/src), so a file missing from the sdist fails here. Each test file runs once, in the
+# environment it needs (tests/venvs.sh makes them):
+#   core    Python 3.11 (or $PYTHON), numpy 2, no framework: tests/core, tests/csrc (the C under
+#           TSan and ASan+UBSan), tests/mx/test_mx_optional.py (MXNet stays optional); then
 #           `ruff check` on the checkout. (mypy --strict on a user snippet is a test: tests/core/test_typing.py.)
-#   mxnet   Python 3.11, mxnet 1.9.1 + numpy 1.23.5: tests/core, tests/mx.
-#   torch   Python 3.11, numpy 2 + torch 2.13.0 (CPU): tests/core, tests/pytorch.
-#   --matrix: core-3.10, core-3.12, core-3.13: tests/core on every other CPython found.
+#   mxnet   Python 3.11, mxnet 1.9.1 + numpy 1.23.5: tests/mx, and the tests of tests/core that
+#           need MXNet (test_bad_input.py's device checks).
+#   torch   Python 3.11, numpy 2 + torch 2.13.0 (CPU): tests/pytorch, and the tests of tests/core
+#           that need torch.
+#   --matrix (CI): tests/core also in the mxnet (numpy 1.23.5) and torch environments, and on
+#           CPython 3.10, 3.12 and 3.13 (core-3.X), wherever found.
 # Stress tests (tests/stress, -m stress) run in the core environment under CI or with --stress.
+# Skipped tests are listed with their reasons (-rs).
 # Venvs stay in build/test-envs (PREFETCH_ENVS moves them) and are reused while still valid; only
 # the package is reinstalled when the sources changed. Under CI everything is made anew.
 # Exits non-zero on the first failing step; pytest-timeout bounds each test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/tests/venvs.sh"
+pf_lock
 matrix=0
 stress=$pf_ci
 while [[ $# -gt 0 ]]; do
@@ -41,27 +47,33 @@ if [[ -z "$py311" ]]; then
 fi
 pf_sdist
 
+# The tests of tests/core that need a framework (they skip without it).
+core_mx=(tests/core/test_bad_input.py)
+core_torch=(tests/core/test_handover.py::test_arrays_sharing_memory_with_a_framework_tensor_are_copied)
+
 pf_env core "${PYTHON:-$py311}" test
-pytest_in "$PF_VENV" tests/core tests/csrc tests/mx tests/pytorch -m "not stress" "$@"
+pytest_in "$PF_VENV" tests/core tests/csrc tests/mx/test_mx_optional.py -m "not stress" -rs "$@"
 if [[ $stress == 1 ]]; then
     echo "=== [core] stress" >&2
-    pytest_in "$PF_VENV" tests/stress -m stress
+    pytest_in "$PF_VENV" tests/stress -m stress -rs
 fi
 echo "=== [core] ruff check" >&2
 (cd "$root" && "$PF_TOOLS/bin/ruff" check --no-cache .)
 
 pf_env mxnet "$py311" test,mxnet
-pytest_in "$PF_VENV" tests/core tests/mx -m "not stress" "$@"
+if [[ $matrix == 1 ]]; then core_mx=(tests/core); fi
+pytest_in "$PF_VENV" tests/mx "${core_mx[@]}" -m "not stress" -rs "$@"
 
 pf_env torch "$py311" test,torch
-pytest_in "$PF_VENV" tests/core tests/pytorch -m "not stress" "$@"
+if [[ $matrix == 1 ]]; then core_torch=(tests/core); fi
+pytest_in "$PF_VENV" tests/pytorch "${core_torch[@]}" -m "not stress" -rs "$@"
 
 if [[ $matrix == 1 ]]; then
     for v in 3.10 3.12 3.13; do
         py="$(pf_find_python $v)"
         if [[ -z "$py" ]]; then echo "tests/run.sh: Python $v not found, skipped" >&2; continue; fi
         pf_env "core-$v" "$py" test
-        pytest_in "$PF_VENV" tests/core -m "not stress" "$@"
+        pytest_in "$PF_VENV" tests/core -m "not stress" -rs "$@"
     done
 fi
 echo "tests/run.sh: all environments passed" >&2

@@ -1,5 +1,6 @@
 # Environments for the README commands (tests/run.sh, bench/main.sh): sourced, not run.
 # Sets up the package the way a user gets it, and no more often than needed:
+#   pf_lock             fails with a message when another of them runs on the same environments.
 #   pf_sdist            builds the sdist from the checkout (python -m build, 4 s) into build/dist and
 #                       unpacks it to $PF_SRC; keeps the previous one, and the wheels built from it,
 #                       when its files are the same (a hash of the tar members' names and contents).
@@ -21,6 +22,19 @@ pf_ci=0
 if [[ -n "${CI:-}" && "${CI}" != false && "${CI}" != 0 ]]; then pf_ci=1; fi
 if [[ $pf_ci == 1 && -z "${PREFETCH_RUN:-}" ]]; then export PREFETCH_RUN="$$-$(date +%s)"; fi
 pf_run="${PREFETCH_RUN:-local}"
+
+pf_lock() {  # one tests/run.sh or bench/main.sh at a time per checkout: they share build/dist and the
+             # venvs. The lock is held until the script and what it exec'd exit.
+    command -v flock >/dev/null 2>&1 || return 0
+    mkdir -p "$pf_envs"
+    exec {pf_lock_fd}>>"$pf_envs/.lock"
+    if ! flock -n "$pf_lock_fd"; then
+        echo "$(basename "$0"): another tests/run.sh or bench/main.sh (pid $(cat "$pf_envs/.lock.pid" 2>/dev/null ||
+            echo '?')) is using $pf_envs; wait for it to finish (they share the environments)." >&2
+        exit 1
+    fi
+    echo $$ >"$pf_envs/.lock.pid"
+}
 
 pf_find_python() {  # $1 = major.minor
     local c

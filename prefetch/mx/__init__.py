@@ -1,7 +1,6 @@
 """MXNet adapter: NDArray leaves, DataBatch containers, ``device=`` an MXNet
 context, ``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter``, and
-``DataLoader``, a drop-in for ``mx.gluon.data.DataLoader`` on threads
-(SPEC §2, §3, §5, §6, §9).
+``DataLoader``, a drop-in for ``mx.gluon.data.DataLoader`` on threads.
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: mxnet``) the first time a batch holds an MXNet

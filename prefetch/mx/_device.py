@@ -1,4 +1,4 @@
-"""``device=`` an MXNet context (SPEC §2, §5): validated once, in the
+"""``device=`` an MXNet context: validated once, in the
 Prefetcher's constructor; every array leaf delivered there as an NDArray; the
 engine synchronised once, at close.
 
@@ -9,6 +9,7 @@ NDArray leaves were already copied to the context by their leaf hook
 """
 import numpy as np
 
+from prefetch import adapters
 from prefetch.adapters import register_device
 from prefetch.mx import _engine
 from prefetch.mx._mxnet import mx
@@ -61,4 +62,13 @@ class ContextDelivery:
         engine_sync()
 
 
+def device_hint(name):
+    """What to pass as device= instead of the string ``name``, or None (no MXNet context name)."""
+    kind, _, index = name.strip().lower().partition(":")
+    n = index if index.isdigit() else "0"
+    return {"gpu": f"mx.gpu({n}) (MXNet)", "cuda": f"mx.gpu({n}) (MXNet)", "cpu": "mx.cpu() (MXNet)",
+            "cpu_pinned": f"mx.cpu_pinned({n}) (MXNet)"}.get(kind)
+
+
 register_device(mx.Context, ContextDelivery)
+adapters._device_hints.append(device_hint)

@@ -1,4 +1,4 @@
-"""``PrefetchingIter``: a drop-in for ``mx.io.PrefetchingIter`` (SPEC §6).
+"""``PrefetchingIter``: a drop-in for ``mx.io.PrefetchingIter``.
 
 Threading contract: ``_Feed.__next__`` runs on the prefetcher's fetch thread (it
 is the source of the PrefetchingIter's Prefetcher); every ``PrefetchingIter``
@@ -22,7 +22,7 @@ class _Feed:
     moment the wrapped iterators have been read exactly ``depth`` batches past
     what the consumer took (or to their end), as mx's class with depth 1.  That
     makes ``reset()`` deterministic.  It holds no reference to the
-    PrefetchingIter: the fetch thread must not keep it alive (SPEC §5).
+    PrefetchingIter: the fetch thread must not keep it alive.
     """
 
     def __init__(self, iters, depth):

@@ -1,4 +1,4 @@
-"""NDArray leaves and DataBatch containers (SPEC §3), registered on import.
+"""NDArray leaves and DataBatch containers, registered on import.
 
 Threading contract: ``_copy_ndarray`` and the DataBatch hooks run on a
 prefetcher's fetch thread with the GIL held; ``engine_sync`` runs in close().
@@ -44,7 +44,7 @@ def _copy_ndarray(nd, plan):
     to where the leaf is handed out: the prefetcher's device context if it has
     one, else a pool block on cpu(0) (or ``nd``'s own context when that is not
     cpu(0) or cpu_shared). The engine orders the copy after the op that writes
-    ``nd`` and before every use of the result (SPEC §3: the batch is complete
+    ``nd`` and before every use of the result (the batch is complete
     for every reader), so the copy is not waited for; only the previous
     batch's, once per batch (_throttle). Sparse, 0-d and empty arrays take
     MXNet's own copy, equally unwaited, under NumPy-shape semantics

@@ -1,6 +1,5 @@
-"""PyTorch adapter: ``torch.Tensor`` leaves, ``device=`` a ``torch.device``
-(SPEC §2, §3, §5), and ``DataLoader``, a drop-in for
-``torch.utils.data.DataLoader`` that loads on threads (SPEC §9).
+"""PyTorch adapter: ``torch.Tensor`` leaves, ``device=`` a ``torch.device``,
+and ``DataLoader``, a drop-in for ``torch.utils.data.DataLoader`` that loads on threads.
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: torch``) the first time a batch holds a torch

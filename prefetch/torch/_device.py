@@ -1,4 +1,4 @@
-"""``device=`` a ``torch.device`` (SPEC §2, §5): validated once, in the
+"""``device=`` a ``torch.device``: validated once, in the
 Prefetcher's constructor; every array leaf of a batch delivered there as a
 tensor; device memory returned at close.
 
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from prefetch import adapters
 from prefetch.adapters import register_device
 from prefetch.torch._torch import torch
 
@@ -125,4 +126,11 @@ def open_device(device: torch.device) -> CpuDelivery | CudaDelivery:
         f"device={device!r}: prefetch.torch delivers to 'cpu' and 'cuda' devices only")
 
 
+def device_hint(name: str) -> str | None:
+    """What to pass as device= instead of the string ``name``, or None (not a torch device name)."""
+    kind = name.strip().lower().partition(":")[0]
+    return f"torch.device({name!r}) (PyTorch)" if kind in ("cuda", "cpu") else None
+
+
 register_device(torch.device, open_device)
+adapters._device_hints.append(device_hint)

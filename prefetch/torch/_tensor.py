@@ -1,9 +1,9 @@
-"""``torch.Tensor`` leaves (SPEC §3), registered on import.
+"""``torch.Tensor`` leaves, registered on import.
 
 A CPU tensor is copied by the core: a pool block that the core fills later
 in the batch without the GIL, wrapped by ``torch.from_numpy``, so the tensor
 handed out owns the block and it goes back to the pool only when torch frees
-the tensor (SPEC §5). A plain contiguous tensor is read from its address
+the tensor. A plain contiguous tensor is read from its address
 (``plan._array_at``, its storage kept alive until the memcpy ran); any other
 is seen as a numpy array first (``.numpy()``, no copy) for ``plan.array``.
 

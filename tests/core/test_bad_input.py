@@ -154,6 +154,16 @@ def test_device_string_or_number_fails_at_construction_naming_it(device):
     assert repr(device) in str(info.value)
 
 
+@pytest.mark.parametrize("device", ["cuda", "gpu:1", "cpu", "tpu"])
+def test_device_string_says_a_device_object_is_needed(device):
+    """Issue 19: a device named by a string is refused (it does not say which framework's
+    arrays to make); the error names the value and says to pass a device object (the
+    framework's own wording is checked in tests/pytorch and tests/mx)."""
+    with pytest.raises(TypeError) as info:
+        Prefetcher([np.zeros(1)], device=device)
+    assert f"device must be a framework's device object, not the string {device!r}: pass " in str(info.value)
+
+
 @pytest.mark.skipif(not HAVE_MX, reason="needs MXNet for device=")
 @pytest.mark.parametrize("device", [42, "not-a-context"])
 def test_bad_device_names_argument_and_value(device):
@@ -193,7 +203,7 @@ def test_array_refusing_copy_raises_in_consumer_after_earlier_batches(workers):
         with pytest.raises(StopIteration):
             next(p)
     assert first.tolist() == [0.0, 0.0] and second["x"].tolist() == [1.0, 1.0]
-    assert any("copying batch 2" in n for n in info.value.__notes__)
+    assert any("copying batch 3 (counted from 1" in n for n in info.value.__notes__)
 
 
 def test_refused_copy_leaves_a_closable_prefetcher():
@@ -236,7 +246,7 @@ def test_batch_larger_than_memory_raises_memory_error_in_consumer(workers):
             next(p)
         with pytest.raises(StopIteration):
             next(p)
-    assert any("copying batch 1" in n for n in info.value.__notes__)
+    assert any("copying batch 2 (counted from 1" in n for n in info.value.__notes__)
 
 
 def test_broadcast_batch_larger_than_memory_raises_memory_error():

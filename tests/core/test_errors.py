@@ -45,7 +45,7 @@ def test_source_error_carries_note_and_source_frames():
     with pytest.raises(SourceError) as info:
         next(p)
     notes = info.value.__notes__
-    assert any("prefetch worker" in n and "batch 2" in n for n in notes)
+    assert any("prefetch worker" in n and "fetching batch 3 (counted from 1: the 2 before it are delivered first)" in n for n in notes)
     names = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
     assert "source_frame_marker" in names and "failing_source" in names
     p.close()
@@ -96,7 +96,7 @@ def test_copy_error_is_raised_in_consumer():
         next(p)
         with pytest.raises(MemoryError) as info:
             next(p)
-    assert any("copying batch 1" in n for n in info.value.__notes__)
+    assert any("copying batch 2 (counted from 1" in n for n in info.value.__notes__)
 
 
 def test_timeout_raises_and_stream_continues():

@@ -12,36 +12,50 @@ Synchronisation is by Events and by watching the consumer's frame (the
 consumer is "blocked" once its innermost Python frame is the prelude's next_(),
 which only calls next(p)), never by sleeping.
 """
-from hang import assert_ok, finish, run_case, sigint_when_ready, spawn
+import textwrap
+
+from hang import PRELUDE, assert_ok, finish, run_case, sigint_when_ready, spawn
 
 # ---------------------------------------------------------------------------
 # A source blocked forever.
 
+def script_line(code, text):
+    """The line number of `text` in the script run_case(code) runs (the prelude comes first)."""
+    lines = (PRELUDE + textwrap.dedent(code)).splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
 def test_stuck_source_close_returns_after_grace_and_warns():
-    """§4: close() returns when the source is stuck, leaving a daemon thread, with a warning."""
-    err = assert_ok(run_case("""
+    """§4: close() returns when the source is stuck, leaving a daemon thread, with a warning
+    that points at the line calling close(), also at a script's top level (issue 19: a fixed
+    stacklevel pointed at sys:1 there)."""
+    code = """
         src = Stuck()
         p = Prefetcher(src, depth=2)
         src.entered.wait()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             p.close()
-        print(p.closed, any("daemon" in str(w.message) for w in caught))
-    """), "True True")
+        print(p.closed, [(w.filename, w.lineno) for w in caught if "daemon" in str(w.message)])
+    """
+    err = assert_ok(run_case(code), f"True [('<string>', {script_line(code, 'p.close()')})]")
     assert err == ""
 
 
 def test_stuck_source_del_returns_and_warns():
     """§4/§5: dropping the last reference closes it (finalizer), bounded by the grace period."""
-    err = assert_ok(run_case("""
+    code = """
         src = Stuck(ready=1)
         p = Prefetcher(src, depth=2)
         first = next(p)
         src.entered.wait()
         del p
         print("dropped", int(first[0]))
-    """), "dropped 0")
-    assert "left as a daemon thread" in err
+    """
+    err = assert_ok(run_case(code), "dropped 0")
+    # Issue 19: the warning points at the line that created the prefetcher.
+    line = script_line(code, "p = Prefetcher(src, depth=2)")
+    assert f"<string>:{line}: RuntimeWarning: prefetcher" in err and "left as a daemon thread" in err, err
 
 
 def test_stuck_source_interpreter_exit_returns():
@@ -148,7 +162,7 @@ def test_blocked_consumer_gets_source_error():
         try:
             next_(p)
         except ValueError as e:
-            print(str(e).replace(" ", "-"), any("batch 1" in n for n in e.__notes__))
+            print(str(e).replace(" ", "-"), any("batch 2 (counted from 1" in n for n in e.__notes__))
         p.close()
     """), "bad-shard True")
 
@@ -411,7 +425,7 @@ def test_source_calling_next_on_its_own_prefetcher_raises_not_hangs():
         try:
             next(p)
         except RuntimeError as e:
-            print("error", any("batch 1" in n for n in e.__notes__))
+            print("error", any("batch 2 (counted from 1" in n for n in e.__notes__))
         box.clear()
         p.close()
     """, timeout=20), "error True")

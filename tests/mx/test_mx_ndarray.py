@@ -189,8 +189,10 @@ def test_numpy_leaves_become_ndarrays_on_device():
 
 def test_bad_device_fails_at_construction():
     """§2: a device that is not an MXNet context, or a GPU that is absent, fails early."""
-    with pytest.raises(TypeError, match="device"):
+    with pytest.raises(TypeError, match=r"not the string 'cuda:0': pass .*mx\.gpu\(0\) \(MXNet\)"):
         prefetch.Prefetcher([1], device="cuda:0")
+    with pytest.raises(TypeError, match=r"not the string 'gpu:1': pass mx\.gpu\(1\) \(MXNet\)"):
+        prefetch.Prefetcher([1], device="gpu:1")
     if mx.context.num_gpus() == 0:
         with pytest.raises(ValueError, match="device"):
             prefetch.Prefetcher([1], device=mx.gpu(0))

@@ -83,7 +83,7 @@ def test_dataset_error_reaches_consumer_with_note(workers, pin):
         check_batch(next(p), 1)
         with pytest.raises(KeyError, match="bad item 9") as info:
             next(p)
-        assert any("prefetch worker" in n and "while fetching batch 2" in n for n in info.value.__notes__)
+        assert any("prefetch worker" in n and "while fetching batch 3 (counted from 1: the 2 before it" in n for n in info.value.__notes__)
         with pytest.raises(StopIteration):
             next(p)
 

@@ -58,6 +58,9 @@ def test_other_device_types_are_refused(dev):
 
 
 def test_device_string_is_refused_naming_it():
-    """device= takes a torch.device, not a string: the core's TypeError names the value."""
-    with pytest.raises(TypeError, match=r"device must be None or a device object.*'cuda'"):
+    """device= takes a torch.device, not a string: the TypeError names the value and what
+    to pass instead (issue 19)."""
+    with pytest.raises(TypeError, match=r"not the string 'cuda': pass torch\.device\('cuda'\)"):
         Prefetcher([torch.ones(2)], device="cuda")
+    with pytest.raises(TypeError, match=r"not the string 'cpu': pass torch\.device\('cpu'\)"):
+        Prefetcher([torch.ones(2)], device="cpu")

@@ -277,7 +277,7 @@ def test_unreadable_tensors_raise_naming_the_type(make, what):
         assert next(p).tolist() == [1.0, 1.0]
         with pytest.raises(TypeError, match=r"prefetch cannot copy a torch\.Tensor .*" + what) as info:
             next(p)
-        assert "while copying batch 1" in " ".join(info.value.__notes__)
+        assert "while copying batch 2 (counted from 1" in " ".join(info.value.__notes__)
         with pytest.raises(StopIteration):
             next(p)
 

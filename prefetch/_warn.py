@@ -1,0 +1,55 @@
+"""Warnings that point at the user's line, not at prefetch's own frames.
+
+A fixed ``stacklevel`` cannot: the same warning is reached through ``close()``,
+``with``, a drop-in's ``close()`` or a finalizer, and when the stack is shorter
+than the level Python reports ``sys:1``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import types
+import warnings
+import weakref
+from typing import Optional
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames that are machinery between prefetch and the user (finalizers, atexit hooks).
+_MACHINERY = frozenset(os.path.abspath(f) for f in (weakref.__file__,) if f)
+
+Location = tuple[str, int]
+
+
+def _is_ours(frame: types.FrameType) -> bool:
+    name = os.path.abspath(frame.f_code.co_filename)
+    return name.startswith(_PACKAGE) or name in _MACHINERY
+
+
+def user_frame() -> Optional[types.FrameType]:
+    """The innermost frame of the caller's stack that is not prefetch's own; None if there is none."""
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    while frame is not None and _is_ours(frame):
+        frame = frame.f_back
+    return frame
+
+
+def user_location() -> Optional[Location]:
+    """(filename, line) of the user's call, for a warning that comes later (at collection)."""
+    frame = user_frame()
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+
+
+def warn(message: str, category: type[Warning], at: Optional[Location] = None) -> None:
+    """Warn at ``at`` when given (where the object was created), else at the user's line on
+    the stack; with neither (a finalizer at exit), at the innermost frame there is."""
+    if at is None:
+        frame = user_frame()
+        if frame is None:
+            warnings.warn(message, category, stacklevel=2)
+            return
+        at = (frame.f_code.co_filename, frame.f_lineno)
+        module = frame.f_globals.get("__name__", "<unknown>")
+        registry = frame.f_globals.setdefault("__warningregistry__", {})
+        warnings.warn_explicit(message, category, at[0], at[1], module=module, registry=registry)
+        return
+    warnings.warn_explicit(message, category, at[0], at[1])
