@@ -218,6 +218,8 @@ def run(cfg, say):
         pass
     load_s = (time.perf_counter() - t0) / 2
     steps = {"step 0": 0.0, "step = load/2": load_s / 2, "step = load": load_s}
+    if cfg["quick"]:
+        del steps["step = load"]   # the step-bound target needs the longer run
     rows, skipped = _rows(ds, cfg)
     built = {}
     for name, make in rows.items():
@@ -225,9 +227,16 @@ def run(cfg, say):
         built[name] = make()
         _epoch_batches_per_s(built[name][0], 0)   # warm: workers started, pools filled
     bps = {s: {name: [] for name in rows} for s in steps}
+
+    def unresolved():
+        s = "step = load/2"
+        others = [k for k in bps[s] if not k.startswith("prefetch.")]
+        best = max(others, key=lambda k: S.interval(bps[s][k]).median)
+        iv = S.interval(S.ratios(bps[s][LOADER2], bps[s][best]))
+        return S.judge(iv, 1.10, True) == S.INCONCLUSIVE
+
     try:
-        for rep in range(cfg["reps"]):
-            say(f"image pipeline {rep + 1}/{cfg['reps']}")
+        for rep in S.repetitions(cfg, unresolved, say, "image pipeline"):
             for s, step_s in steps.items():
                 for name in U.rotate(list(rows), rep):
                     bps[s][name].append(_epoch_batches_per_s(built[name][0], step_s))
@@ -249,7 +258,7 @@ def run(cfg, say):
             if s != "step = load":
                 verdicts.append(S.Verdict(f"image pipeline, {s}: {ours} >= 1.10 x the best other loader",
                                           f"{iv.text(2)} x {best}", S.judge(iv, 1.10, True)))
-        if s == "step = load":
+        if s == "step = load" and not cfg["quick"]:
             for ours in (LOADER2, LOADER_AUTO):
                 iv = S.interval([x / ideal[s] for x in bps[s][ours]])
                 ratio_rows.append([f"{s}: {ours} / ideal 1/step", iv.text(2)])
@@ -272,9 +281,12 @@ def run(cfg, say):
                                       + [["ideal: min(1/step, CPUs/load)", f"{ideal[s]:.1f}"]])
     lines += [""] + U.table_lines(["ratios per repetition", "median [95% interval]"], ratio_rows)
     lines += [f"  (not measured: {k}: {why})" for k, why in skipped.items()]
-    l2 = S.interval(S.ratios(bps["step = load/2"][LOADER2], bps["step = load/2"][best_other["step = load/2"]]))
-    headline = (f"prefetch.Loader loads this image pipeline {l2.median:.2f}x as fast as the best other loader here "
-                f"({best_other['step = load/2']}; 95% interval {l2.lo:.2f}-{l2.hi:.2f}x, step = load/2)")
+    # Time per epoch, ours / the fastest other loader's: the harness words it as "k x faster".
+    s = "step = load/2"
+    headline = S.Headline(LOADER2, f"{best_other[s]}, the fastest other loader here",
+                          "on an image pipeline (JPEG decode, crop, normalise; batches of 32; "
+                          "a GIL-free training step of half the load time)",
+                          S.interval(S.ratios(bps[s][best_other[s]], bps[s][LOADER2])))
     data = {"batches_per_s": bps, "steps_s": steps, "load_s": load_s, "ideal": ideal, "skipped": skipped,
             "best_other": best_other}
     return {"tables": lines, "verdicts": verdicts, "data": data, "headline": headline}

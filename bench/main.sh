@@ -19,7 +19,7 @@ pf_sdist
 if [[ "${BENCH_MX:-0}" == 1 ]]; then
     pf_env bench-mx "$py" bench,mxnet
 else
-    pf_env bench "$py" bench
+    pf_env bench "$py" bench,torch
 fi
 cd "$root"
 exec "$PF_VENV/bin/python" "$here/run.py" "$@"

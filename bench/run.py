@@ -59,10 +59,11 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
-SECTIONS = ["handoff", "handover", "copy", "memory", "overlap", "mx_engine", "mx_e2e", "torch", "tree"]
+SECTIONS = ["loader", "loader_scaling", "handoff", "handover", "copy", "memory", "overlap", "mx_engine",
+            "mx_e2e", "torch", "tree"]
 # --quick runs these (the headline and the cheaper targets) unless --sections says otherwise;
 # the others are named in the report as left to a full run.
-QUICK_SECTIONS = ["handoff", "copy", "memory", "mx_engine", "torch"]
+QUICK_SECTIONS = ["loader", "handoff", "copy", "torch"]
 
 try:
     import _stats as S  # needs scipy

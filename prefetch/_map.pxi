@@ -436,7 +436,7 @@ cdef class _MapStage:
             except BaseException as exc:
                 if gen == self.gen:
                     _add_note(exc, f"raised by the sampler of loader {self.name!r} while giving the "
-                                   f"indices of batch {k} (batches are numbered from 0)")
+                                   f"indices of batch {k + 1} (counted from 1)")
                     self.epoch_failure = exc
                     self.stop_k = min(self.stop_k, k)
                     with self._cv:
@@ -519,7 +519,7 @@ cdef class _MapStage:
     cdef _row_failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what):
         try:
             _add_note(exc, f"raised in loader thread {self.name}-w{wid} while {what} sample {key!r}, "
-                           f"row {row} of batch {b.k} (batches are numbered from 0)")
+                           f"row {row + 1} of batch {b.k + 1} (counted from 1)")
         except Exception:
             pass   # an exception type that refuses notes is still delivered
         if b.failure is None or row < b.fail_row:
@@ -538,7 +538,7 @@ cdef class _MapStage:
                 b.result = self.collate(b.samples)
             except BaseException as exc:
                 _add_note(exc, f"raised by the collate function of loader {self.name!r} on batch "
-                               f"{b.k} (batches are numbered from 0)")
+                               f"{b.k + 1} (counted from 1)")
                 b.failure = exc
             b.samples = None
         b.complete = True

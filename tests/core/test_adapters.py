@@ -264,7 +264,7 @@ def test_thread_state_apply_error_reaches_the_consumer(thread_state):
             next(p)
         with pytest.raises(StopIteration):
             next(p)
-    assert any("batch 0" in n for n in info.value.__notes__)
+    assert any("batch 1 (counted from 1" in n for n in info.value.__notes__)
 
 
 def test_register_thread_state_needs_a_callable():

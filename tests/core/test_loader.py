@@ -302,7 +302,7 @@ def test_a_dataset_error_reaches_the_consumer_after_the_batches_before_it(worker
                 got.append(b[:, 0].tolist())
         assert info.value is exc
         note = " ".join(info.value.__notes__)
-        assert "sample 9" in note and "batch 2" in note and "-w" in note
+        assert "sample 9, row 2 of batch 3 (counted from 1)" in note and "-w" in note
         assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
         with pytest.raises(StopIteration):
             next(loader)
