@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 
 import numpy as np
 
@@ -80,3 +81,63 @@ def python_output(code, timeout=50):
     r = run_python(code, timeout=timeout)
     assert r.returncode == 0, r.stderr
     return r.stdout
+
+
+# -- datasets of the seeds' stories (the drop-in DataLoaders' tests subclass them
+# with their framework's Dataset) ----------------------------------------------
+
+class RaisingDataset:
+    """Sample 6 raises KeyError."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        if i == 6:
+            raise KeyError(f"no sample {i}")
+        return i
+
+
+class UnpicklableDataset:
+    """Holds a weak reference, a lock, an open file and a generator: a process
+    loader cannot pickle it."""
+
+    def __init__(self, path):
+        self.owner = weakref.ref(UnpicklableDataset)
+        self.lock = threading.Lock()
+        self.file = open(path, "rb")
+        self.counter = iter(range(10**6))
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        with self.lock:
+            self.file.seek(i)
+            byte = self.file.read(1)
+            next(self.counter)
+        return byte[0]
+
+
+class SharedDataset:
+    """Counts loads in an mp.Value, admits them through an mp.Semaphore and one
+    at a time through a threading.Semaphore: a pool cannot take these."""
+
+    def __init__(self):
+        import multiprocessing
+        self.count = multiprocessing.Value("i", 0)
+        self.admit = multiprocessing.Semaphore(2)
+        self.one = threading.Semaphore(1)
+        self.inside = self.most = 0
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        with self.admit, self.one:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            with self.count.get_lock():
+                self.count.value += 1
+            self.inside -= 1
+        return i

@@ -9,7 +9,6 @@ import multiprocessing
 import threading
 import traceback
 import warnings
-import weakref
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from mxnet import gluon  # noqa: E402
 
 import prefetch.mx  # noqa: E402
 from prefetch.mx import DataLoader  # noqa: E402
+from support import RaisingDataset, SharedDataset, UnpicklableDataset  # noqa: E402
 
 GluonLoader = gluon.data.DataLoader
 
@@ -206,14 +206,8 @@ def test_recordimage_dataset_with_several_threads(tmp_path, num_workers):
 
 # -- the seeds' stories ------------------------------------------------------------
 
-class Raising(gluon.data.Dataset):
-    def __len__(self):
-        return 10
-
-    def __getitem__(self, i):
-        if i == 6:
-            raise KeyError(f"no sample {i}")
-        return i
+class Raising(RaisingDataset, gluon.data.Dataset):
+    pass
 
 
 def test_dataset_error_is_the_original_with_its_frames_and_a_note():
@@ -235,24 +229,8 @@ def test_dataset_error_is_the_original_with_its_frames_and_a_note():
     assert any("sample 6" in note for note in exc.value.__notes__)
 
 
-class Unpicklable(gluon.data.Dataset):
-    """Holds a weak reference, a lock, an open file and a generator."""
-
-    def __init__(self, path):
-        self.owner = weakref.ref(Unpicklable)
-        self.lock = threading.Lock()
-        self.file = open(path, "rb")
-        self.counter = iter(range(10**6))
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        with self.lock:
-            self.file.seek(i)
-            byte = self.file.read(1)
-            next(self.counter)
-        return byte[0]
+class Unpicklable(UnpicklableDataset, gluon.data.Dataset):
+    pass
 
 
 def test_unpicklable_dataset_loads(tmp_path):
@@ -266,27 +244,8 @@ def test_unpicklable_dataset_loads(tmp_path):
         ds.file.close()
 
 
-class Shared(gluon.data.Dataset):
-    """Counts loads in an mp.Value, admits them through an mp.Semaphore and one
-    at a time through a threading.Semaphore."""
-
-    def __init__(self):
-        self.count = multiprocessing.Value("i", 0)
-        self.admit = multiprocessing.Semaphore(2)
-        self.one = threading.Semaphore(1)
-        self.inside = self.most = 0
-
-    def __len__(self):
-        return 20
-
-    def __getitem__(self, i):
-        with self.admit, self.one:
-            self.inside += 1
-            self.most = max(self.most, self.inside)
-            with self.count.get_lock():
-                self.count.value += 1
-            self.inside -= 1
-        return i
+class Shared(SharedDataset, gluon.data.Dataset):
+    pass
 
 
 def test_multiprocessing_and_threading_primitives_work():

@@ -10,11 +10,9 @@ story is about processes."""
 import collections
 import gc
 import math
-import multiprocessing
 import random
 import threading
 import traceback
-import weakref
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 
 import prefetch.torch  # noqa: E402
 from prefetch.torch import DataLoader, get_worker_info  # noqa: E402
+from support import RaisingDataset, SharedDataset, UnpicklableDataset  # noqa: E402
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -372,14 +371,8 @@ def test_iterable_dataset_persistent_replicas_restart_each_epoch():
 
 # -- errors, timeout, pinning -----------------------------------------------------
 
-class Raising(Dataset):
-    def __len__(self):
-        return 10
-
-    def __getitem__(self, i):
-        if i == 6:
-            raise KeyError(f"no sample {i}")
-        return i
+class Raising(RaisingDataset, Dataset):
+    pass
 
 
 def test_dataset_error_is_the_original_with_its_frames_and_a_note():
@@ -453,24 +446,8 @@ def test_pin_memory_without_accelerator_warns_as_torch_does():
 
 # -- datasets a process loader cannot take -----------------------------------------
 
-class Unpicklable(Dataset):
-    """Holds a weak reference, a lock, an open file and a generator."""
-
-    def __init__(self, path):
-        self.owner = weakref.ref(Unpicklable)
-        self.lock = threading.Lock()
-        self.file = open(path, "rb")
-        self.counter = iter(range(10**6))
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        with self.lock:
-            self.file.seek(i)
-            byte = self.file.read(1)
-            next(self.counter)
-        return byte[0] + i * 0
+class Unpicklable(UnpicklableDataset, Dataset):
+    pass
 
 
 def test_unpicklable_dataset_loads_here_and_fails_torchs_spawned_workers(tmp_path):
@@ -487,28 +464,8 @@ def test_unpicklable_dataset_loads_here_and_fails_torchs_spawned_workers(tmp_pat
         ds.file.close()
 
 
-class Shared(Dataset):
-    """Counts loads in an mp.Value, admits loads through an mp.Semaphore and
-    allows one at a time through a threading.Semaphore."""
-
-    def __init__(self):
-        self.count = multiprocessing.Value("i", 0)
-        self.admit = multiprocessing.Semaphore(2)
-        self.one = threading.Semaphore(1)
-        self.inside = 0
-        self.most = 0
-
-    def __len__(self):
-        return 20
-
-    def __getitem__(self, i):
-        with self.admit, self.one:
-            self.inside += 1
-            self.most = max(self.most, self.inside)
-            with self.count.get_lock():
-                self.count.value += 1
-            self.inside -= 1
-        return i
+class Shared(SharedDataset, Dataset):
+    pass
 
 
 def test_multiprocessing_and_threading_primitives_work():
