@@ -486,3 +486,36 @@ def test_auto_workers_grow_past_the_cpus_for_io_like_samples_and_show_in_stats()
             got = [b[:, 0].tolist() for b in loader]
             assert got == [list(range(s, s + 4)) for s in range(0, 120, 4)]
         assert loader.stats().workers > cpus
+
+
+def test_device_delivers_each_collated_batch_and_is_opened_and_closed_once():
+    """§9/§2 device=: every array leaf of a batch goes to the device's delivery, in the
+    background; over three epochs the delivery is opened once and closed once."""
+    log = []
+
+    class Dev:
+        pass
+
+    class Delivery:
+        def __init__(self, device):
+            log.append("open")
+
+        def deliver(self, leaf):
+            return ("on-device", leaf.copy())
+
+        def ready(self):
+            log.append("ready")
+
+        def close(self):
+            log.append("close")
+
+    prefetch.register_device(Dev, Delivery)
+    data = [(np.full(3, i), i) for i in range(8)]
+    with Loader(data, batch_size=4, workers=2, device=Dev()) as loader:
+        for _ in range(3):
+            got = list(loader)
+            assert [g[0][0] for g in got] == ["on-device"] * 2
+            np.testing.assert_array_equal(got[1][0][1][:, 0], [4, 5, 6, 7])
+            np.testing.assert_array_equal(got[1][1][1], [4, 5, 6, 7])
+    assert log.count("open") == 1 and log.count("close") == 1 and log[-1] == "close"
+    assert log.count("ready") == 6
