@@ -36,7 +36,9 @@ cdef extern from "numpy/arrayobject.h":
     # dtype flag: the items hold references (object fields, StringDType).
     enum: NPY_ITEM_REFCOUNT
     # Cython's numpy.pxd leaves this one out; it steals a reference to descr.
-    object PyArray_NewFromDescr(object subtype, cnp.PyArray_Descr *descr, int nd,
+    # subtype is the C type, as numpy declares it: a PyTypeObject *, not an object
+    # (a PyObject * there is an error since GCC 14: -Wincompatible-pointer-types).
+    object PyArray_NewFromDescr(PyTypeObject *subtype, cnp.PyArray_Descr *descr, int nd,
                                 cnp.npy_intp *dims, cnp.npy_intp *strides, void *data,
                                 int flags, object obj)
     void Py_INCREF_Descr "Py_INCREF"(cnp.PyArray_Descr *)
@@ -251,7 +253,7 @@ cdef class CopyPlan:
         base.blk = blk
         descr = cnp.PyArray_DESCR(a)
         Py_INCREF_Descr(descr)
-        out = PyArray_NewFromDescr(np.ndarray, descr, cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a),
+        out = PyArray_NewFromDescr(&PyArray_Type, descr, cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a),
                                    NULL, blk.data, cnp.NPY_ARRAY_CARRAY, None)
         cnp.set_array_base(<cnp.ndarray>out, base)
         if cnp.PyArray_IS_C_CONTIGUOUS(a):
