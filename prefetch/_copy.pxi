@@ -40,7 +40,9 @@ cdef extern from "numpy/arrayobject.h":
     # dtype flag: the items hold references (object fields, StringDType).
     enum: NPY_ITEM_REFCOUNT
     # Cython's numpy.pxd leaves this one out; it steals a reference to descr.
-    object PyArray_NewFromDescr(object subtype, cnp.PyArray_Descr *descr, int nd,
+    # subtype is the C type, as numpy declares it: a PyTypeObject *, not an object
+    # (a PyObject * there is an error since GCC 14: -Wincompatible-pointer-types).
+    object PyArray_NewFromDescr(PyTypeObject *subtype, cnp.PyArray_Descr *descr, int nd,
                                 cnp.npy_intp *dims, cnp.npy_intp *strides, void *data,
                                 int flags, object obj)
     void Py_INCREF_Descr "Py_INCREF"(cnp.PyArray_Descr *)

@@ -57,6 +57,6 @@ cdef object _pooled_array(pf_pool *pool, cnp.PyArray_Descr *descr, int nd, cnp.n
     base = _Block.__new__(_Block)
     base.blk = blk
     Py_INCREF_Descr(descr)   # PyArray_NewFromDescr steals it
-    out = PyArray_NewFromDescr(np.ndarray, descr, nd, dims, NULL, blk.data, cnp.NPY_ARRAY_CARRAY, None)
+    out = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, NULL, blk.data, cnp.NPY_ARRAY_CARRAY, None)
     cnp.set_array_base(<cnp.ndarray>out, base)
     return out

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The Python test suite against an ASan+UBSan build of the core (issue 5; STYLE §6.7):
+# The Python test suite against an ASan+UBSan build of the core with csrc's debug asserts on
+# (issue 5, issue 18; STYLE §6.7):
 #   bash tests/sanitize.sh [pytest args]      (default args: -m "not stress" -k "not csrc_under")
 # 1. Copies the checkout (sources only: no build/, no *.so, no generated _core.c) to
 #    build/sanitize/src, so setuptools cannot reuse an object built without the
-#    sanitizers, and builds it there with PREFETCH_SANITIZE=1 into a fresh venv,
-#    build/sanitize/venv (PYTHON picks the interpreter; default python3.11).
-# 2. Checks that the built extension really is instrumented (__asan_init, __ubsan_*).
+#    sanitizers, and builds it there with PREFETCH_SANITIZE=1 PREFETCH_DEBUG=1
+#    PREFETCH_WERROR=1 (-O0, csrc's PF_ASSERTs and the ring's one-thread-per-side asserts,
+#    no compiler warning) into a fresh venv, build/sanitize/venv (PYTHON picks the
+#    interpreter; default python3.11).
+# 2. Checks that the built extension really is instrumented (__asan_init, __ubsan_*) and
+#    has its asserts (__assert_fail).
 # 3. Runs pytest with the sanitizer runtime preloaded (python itself is not
 #    instrumented): PYTHONMALLOC=malloc so every Python allocation goes through ASan,
 #    detect_leaks=0 (CPython frees little at exit), halt on the first error,
@@ -13,7 +17,10 @@
 #    a MemoryError, not an ASan abort). Subprocess cases and forked children inherit
 #    all of it. Output goes to build/sanitize/pytest.log, ASan reports also to
 #    build/sanitize/logs/asan.<pid>.
-# Fails if pytest fails, or if any process wrote a sanitizer report.
+#    pytest-timeout is 240 s a test, not 60: ASan at -O0 runs the deepest property test
+#    (tests/core/test_property.py, nesting up to MAX_DEPTH) in 85-130 s on 2 shared cores.
+# Fails if pytest fails, or if any process wrote a sanitizer report or failed an assert (an assert
+# aborts its process: pytest itself, or a subprocess case, which then fails on its exit status).
 # Triage only (never in CI): PREFETCH_UBSAN_SUPPRESSIONS=<file> passes a UBSan
 # suppressions file (lines like "alignment:_core.c") to see past a known report.
 # The csrc drivers run under ASan/UBSan/TSan in the ordinary pass already (test_csrc.py).
@@ -30,7 +37,7 @@ tar -C "$root" --exclude=./build --exclude=./.git --exclude=./.venv --exclude='*
 
 "$py" -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-PREFETCH_SANITIZE=1 "$work/venv/bin/python" -m pip install -q --no-cache-dir "$work/src[test]"
+PREFETCH_SANITIZE=1 PREFETCH_DEBUG=1 PREFETCH_WERROR=1 "$work/venv/bin/python" -m pip install -q --no-cache-dir "$work/src[test]"
 
 # Find the built extension without importing it (it needs the preloaded runtime).
 so="$(cd / && "$work/venv/bin/python" -I -c '
@@ -39,6 +46,10 @@ pkg = importlib.util.find_spec("prefetch").submodule_search_locations[0]
 print(*glob.glob(os.path.join(pkg, "_core*.so")))')"
 if ! grep -q __asan_init "$so" || ! grep -q __ubsan_handle "$so"; then
     echo "tests/sanitize.sh: $so is not built with -fsanitize=address,undefined" >&2
+    exit 1
+fi
+if ! grep -q __assert_fail "$so"; then
+    echo "tests/sanitize.sh: $so is built without its asserts (PREFETCH_DEBUG=1)" >&2
     exit 1
 fi
 
@@ -61,12 +72,12 @@ status=0
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${PREFETCH_UBSAN_SUPPRESSIONS:+:suppressions=$PREFETCH_UBSAN_SUPPRESSIONS}"
     export LD_PRELOAD="$asan_rt $ubsan_rt"
     "$work/venv/bin/pytest" -c "$root/pyproject.toml" --rootdir "$root" "$root/tests" \
-        -s "$@" 2>&1 | tee "$work/pytest.log"
+        -s --timeout=240 "$@" 2>&1 | tee "$work/pytest.log"
 ) || status=$?
 
-if grep -qE "runtime error:|ERROR: AddressSanitizer|ERROR: LeakSanitizer|SUMMARY: (Address|Undefined)" \
+if grep -qE "runtime error:|ERROR: AddressSanitizer|ERROR: LeakSanitizer|SUMMARY: (Address|Undefined)|Assertion .* failed" \
         "$work/pytest.log"; then
-    echo "tests/sanitize.sh: sanitizer reports in $work/pytest.log" >&2
+    echo "tests/sanitize.sh: sanitizer reports or failed asserts in $work/pytest.log" >&2
     status=1
 fi
 for f in "$work"/logs/*; do
@@ -79,4 +90,4 @@ if [[ $status -ne 0 ]]; then
     echo "tests/sanitize.sh: FAILED" >&2
     exit "$status"
 fi
-echo "tests/sanitize.sh: passed (ASan+UBSan, no reports)" >&2
+echo "tests/sanitize.sh: passed (ASan+UBSan, debug asserts on, no reports)" >&2
