@@ -179,7 +179,9 @@ cdef class _MapStage:
         self.window = max(2, (threads + batch_rows - 1) // batch_rows + 1)
         self.target = threads
         self.rows = batch_rows
-        while self.threads < threads:
+        # Under _cv, as close() sets `closed`: no thread starts after close()
+        # listed the threads it joins.
+        while self.threads < threads and not self.closed:
             wid = self.threads
             self.busy_since.append(0)
             self.busy_key.append(None)
