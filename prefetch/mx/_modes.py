@@ -1,4 +1,4 @@
-"""MXNet's NumPy modes carried over to the fetch thread (SPEC §3), registered on import.
+"""MXNet's NumPy modes carried over to the fetch thread, registered on import.
 
 ``npx.set_np()`` turns on NumPy-shape semantics (0-d and empty shapes valid)
 and NumPy-array semantics (Gluon's batchify and blocks make and take
