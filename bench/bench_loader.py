@@ -302,9 +302,10 @@ def plot(ax, data):
     rows = data["batches_per_s"][s]
     names = list(rows)
     med = [float(np.median(rows[n])) for n in names]
-    ax.barh(range(len(names)), med)
+    for i, (name, m) in enumerate(zip(names, med)):
+        ax.barh(i, m, label=name)   # labelled: the harness gives each row its colour
     ax.set_yticks(range(len(names)), names, fontsize=6)
-    ax.axvline(data["ideal"][s], linestyle="--", color="k", linewidth=0.8)
+    ax.axvline(data["ideal"][s], linestyle="--", color="k", linewidth=0.8, label="ideal: min(1/step, CPUs/load)")
     ax.set_xlabel("batches/s (step = load/2)")
     ax.set_title("Image pipeline", fontsize=8)
 
