@@ -340,6 +340,7 @@ cdef class _MapStage:
         plan._trusted = True   # the walk only takes samples apart
         _tls.info = WorkerInfo(wid, self.target, self.seed, epoch)
         try:
+            failed = False
             try:
                 for apply in self.on_thread:
                     apply()
@@ -347,6 +348,11 @@ cdef class _MapStage:
                     self.worker_init(wid)
             except BaseException as exc:
                 self._fail_thread(wid, exc)
+                failed = True
+            if failed:
+                # Woken only now that this frame holds the error no more: the
+                # consumer's frames join its traceback once it is raised there.
+                self._wake_all()
                 return
             while True:
                 b = self._claim(wid, &row)
@@ -419,6 +425,7 @@ cdef class _MapStage:
     cdef _open_batch(self):
         cdef _Batch b
         cdef unsigned long gen
+        cdef bint failed = False
         with self._lock:   # one thread reads the sampler at a time
             if not self._may_open() or (self.cur is not None and self.cur_row < self.cur.n
                                         and self.cur.gen == self.gen):
@@ -441,8 +448,9 @@ cdef class _MapStage:
                                    f"indices of batch {k + 1} (counted from 1)")
                     self.epoch_failure = exc
                     self.stop_k = min(self.stop_k, k)
-                    with self._cv:
-                        self._cv.notify_all()
+                failed = True
+            if failed:
+                self._wake_all()   # once this frame holds the error no more (see _work)
                 return
             if gen != self.gen:
                 return     # the epoch ended while the sampler ran
@@ -548,10 +556,13 @@ cdef class _MapStage:
             self._cv.notify_all()
 
     cdef _fail_thread(self, int wid, exc):
-        """worker_init raised: the epoch ends with its error."""
+        """worker_init raised: the epoch ends with its error (the caller wakes
+        the fetch thread once it no longer holds the error)."""
         _add_note(exc, f"raised while starting loader thread {self.name}-w{wid} (worker_init({wid}))")
         self.epoch_failure = exc
         self.stop_k = min(self.stop_k, self.taken)
+
+    cdef _wake_all(self):
         with self._cv:
             self._cv.notify_all()
 
