@@ -2,10 +2,11 @@
 
 A figure is the median of per-repetition values (usually the ratio of two rows
 timed in the same repetition, so a noisy neighbour slows both alike), with the
-distribution-free 95 % confidence interval of that median from
-``scipy.stats.quantile_test`` (order statistics, sign test): it assumes no
-normal shape, one disturbed repetition cannot drag it, and with fewer than 6
-repetitions it is honestly unbounded. A verdict is "met" only when the whole
+distribution-free 95 % confidence interval of that median (order statistics,
+the sign test's interval: the same bounds as ``scipy.stats.quantile_test(x,
+p=0.5).confidence_interval()``, computed here from exact binomial counts so the
+bench needs no scipy): it assumes no normal shape, one disturbed repetition
+cannot drag it, and with fewer than 6 repetitions it is honestly unbounded. A verdict is "met" only when the whole
 interval clears the target, "missed" when the whole interval is on the wrong
 side, else "inconclusive". When an interval straddles its target after the
 planned repetitions, the section runs more (``repetitions``), up to a cap; what
@@ -21,7 +22,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats
 
 LEVEL = 0.95
 MET, MISSED, INCONCLUSIVE, NOT_RUN = "met", "missed", "inconclusive", "not measured"
@@ -55,9 +55,25 @@ def interval(xs) -> Interval:
     x = np.asarray([v for v in xs if v is not None and math.isfinite(v)], dtype=float)
     if x.size == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
-    med = float(np.median(x))
-    ci = stats.quantile_test(x, q=med, p=0.5).confidence_interval(LEVEL)
-    return Interval(med, float(ci.low), float(ci.high), int(x.size))
+    lo, hi = median_bounds(x.size)
+    x.sort()
+    return Interval(float(np.median(x)), float(x[lo]) if lo >= 0 else math.nan,
+                    float(x[hi]) if hi < x.size else math.nan, int(x.size))
+
+
+def median_bounds(n: int, level: float = LEVEL) -> tuple[int, int]:
+    """Indices into n sorted values of the median's two-sided confidence interval: with
+    B ~ Binomial(n, 1/2), lo = (the smallest k with P(B <= k) >= a) - 1 and hi = the smallest k
+    with P(B > k) <= a, a = (1 - level) / 2; -1 or n where the interval is unbounded. In
+    integers (counts of 2**n outcomes), so no rounding decides a bound."""
+    a, total, below = (1 - level) / 2, 2**n, 0
+    cdf = []
+    for k in range(n + 1):
+        below += math.comb(n, k)
+        cdf.append(below)   # outcomes with B <= k
+    lo = next(k for k in range(n + 1) if cdf[k] >= a * total) - 1
+    hi = next(k for k in range(n + 1) if total - cdf[k] <= a * total)
+    return lo, hi
 
 
 def ratios(a, b) -> list[float]:
@@ -129,8 +145,12 @@ def open_verdicts(verdicts) -> bool:
 class Headline:
     """The comparison a section leads with: ours against what a user would otherwise write.
 
-    ratio is the per-repetition ratio ours / other of a quantity where lower is better
-    (time per batch, extra cost per batch); the sentence says it as "k x faster".
+    Two forms. With ``verdict`` (the target the section judged on the same interval), ``ratio``
+    is the per-repetition speed ratio ours / other (higher is better) and the sentence states
+    that figure and that verdict, word for word the table's: the first line, the table and the
+    summary cannot disagree. Without it, ``ratio`` is ours / other of a quantity where lower
+    is better (time or extra cost per batch) and the sentence says "k x faster" against 1.
+    Every ratio is shown with two decimals.
     """
     ours: str       # e.g. "prefetch.Loader"
     other: str      # e.g. "a plain loop over the dataset"
@@ -138,6 +158,7 @@ class Headline:
     ratio: Interval
     better: str = "faster"
     worse: str = "slower"
+    verdict: Verdict | None = None   # the target judged on this same interval (the speed-ratio form)
 
     def as_dict(self):
         return asdict(self)
@@ -147,6 +168,13 @@ class Headline:
         where = f"on this machine ({machine})"
         if iv.n == 0:
             return f"{self.ours} against {self.other} {self.what}: not measured {where}."
+        if self.verdict is not None:
+            v = self.verdict
+            st = {MET: "met", MISSED: "missed", INCONCLUSIVE: "too close to call",
+                  NOT_RESOLVED: "not resolved in quick mode (provisional; run without --quick)"}.get(v.status, v.status)
+            busy = " Other processes were busy meanwhile: re-run on a quiet machine before quoting it." if v.busy else ""
+            return (f"{self.ours} loads {iv.text(2)} x the batches/s of {self.other} {self.what} {where}, "
+                    f"median [95% interval]; {v.target}: {st}.{busy}")
         if math.isnan(iv.lo) or iv.lo <= 1 <= iv.hi:
             tail = (" not resolved in quick mode (run without --quick for more repetitions)." if quick
                     else " too close to call.")
@@ -156,5 +184,5 @@ class Headline:
             k, lo, hi, word = 1 / iv.median, 1 / iv.hi, 1 / iv.lo, self.better
         else:
             k, lo, hi, word = iv.median, iv.lo, iv.hi, self.worse
-        return (f"{self.ours} is {k:.1f}x {word} than {self.other} {self.what} {where} "
-                f"(95% interval {lo:.1f}-{hi:.1f}x).")
+        return (f"{self.ours} is {k:.2f}x {word} than {self.other} {self.what} {where} "
+                f"(95% interval {lo:.2f}-{hi:.2f}x).")

@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -24,6 +25,26 @@ def no_gc():
     finally:
         if was:
             gc.enable()
+
+
+@contextlib.contextmanager
+def gil_warnings():
+    """Records every prefetch.GILBoundWarning given inside as (perf_counter() time, the
+    warning); other warnings are shown as usual."""
+    from prefetch import GILBoundWarning
+    got = []
+    show = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, GILBoundWarning):
+            got.append((time.perf_counter(), message))
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", GILBoundWarning)
+        warnings.showwarning = record
+        yield got
 
 
 def rotate(seq, k):
@@ -65,9 +86,10 @@ def env_info():
 class OtherCpu:
     """How much CPU other processes used while a block ran, in cores (0 to the core count).
 
-    The machine's busy time (/proc/stat) minus this process's and its waited-for children's
-    (/proc/self/stat), over the wall time: the benchmark's own threads do not count as load,
-    which a load average would include. None where /proc is not there.
+    The machine's busy time (/proc/stat) minus this process's, its waited-for children's and its
+    live descendants' (/proc/*/stat), over the wall time: the benchmark's own threads and worker
+    processes do not count as load, which a load average would include. None where /proc is not
+    there.
     """
 
     def __init__(self):
@@ -95,14 +117,34 @@ def _machine_busy_s():
     return (sum(fields) - idle - guest) / _TICK
 
 
+def _stat_fields(path):
+    with open(path) as f:
+        stat = f.read()
+    return stat[stat.rindex(")") + 2:].split()   # after "pid (comm) "; comm may hold spaces
+
+
 def _own_cpu_s():
+    """CPU seconds of this process, its reaped children, and its live descendants (a torch
+    DataLoader's worker processes, alive for the whole section, are the benchmark's own load)."""
     try:
-        with open("/proc/self/stat") as f:
-            stat = f.read()
+        fields = _stat_fields("/proc/self/stat")
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) "; comm may hold spaces
-    return sum(int(x) for x in fields[11:15]) / _TICK   # utime, stime, cutime, cstime
+    own = sum(int(x) for x in fields[11:15])   # utime, stime, cutime, cstime
+    kids, me = {}, os.getpid()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                f = _stat_fields(f"/proc/{d}/stat")
+            except (OSError, ValueError):
+                continue   # gone meanwhile
+            kids.setdefault(int(f[1]), []).append((int(d), int(f[11]) + int(f[12])))
+    todo = [me]
+    while todo:
+        for pid, ticks in kids.get(todo.pop(), ()):
+            own += ticks
+            todo.append(pid)
+    return own / _TICK
 
 
 BUSY_CORES = 0.25   # other processes using more than this on average make intervals wide

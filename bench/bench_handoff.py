@@ -14,6 +14,7 @@ import _util as U
 import numpy as np
 
 TITLE = "Hand-off cost per tiny batch"
+MX_ROWS = True   # mx.io.PrefetchingIter and prefetch.mx.PrefetchingIter rows (run.py)
 
 PLAIN = "plain loop (no prefetching)"
 QUEUE = "queue.Queue thread, no copy (unsafe)"

@@ -14,6 +14,7 @@ import _stats as S
 import _util as U
 
 TITLE = "MXNet Module.fit epoch time"
+MX_ROWS = True
 LABELS = {"none": "no prefetcher (DataIter)", "mx": "mx.io.PrefetchingIter",
           "prefetch": "prefetch.mx.PrefetchingIter"}
 

@@ -33,6 +33,10 @@ The module provides
                              report leads with), "skipped": why nothing was measured (a
                              missing dependency; the section then counts as not run)
 and optionally
+    MX_ROWS = True           it has rows that need MXNet: where mxnet does not import here and
+                             --mx-python names an interpreter where it does (bench/main.sh
+                             passes the MXNet environment's), the whole section runs there, in a
+                             child process, and its results join this report
     add_arguments(group)     its own command-line options (names unique across sections)
     plot(ax, data)           one matplotlib panel from its "data" (as read back from JSON);
                              a target is drawn as a line labelled "target ..."
@@ -59,17 +63,19 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
-SECTIONS = ["loader", "loader_scaling", "handoff", "handover", "copy", "memory", "overlap", "mx_engine",
-            "mx_e2e", "torch", "tree"]
-# --quick runs these (the headline and the cheaper targets) unless --sections says otherwise;
-# the others are named in the report as left to a full run.
-QUICK_SECTIONS = ["loader", "handoff", "copy", "torch"]
+SECTIONS = ["loader", "loader_mx", "gil", "loader_scaling", "handoff", "handover", "copy", "memory", "overlap",
+            "mx_engine", "mx_e2e", "torch", "tree"]
+# --quick runs these (what the first line states: prefetch against the loaders a user would
+# use instead) unless --sections says otherwise; the others are named in the report as left
+# to a full run.
+QUICK_SECTIONS = ["loader", "loader_mx", "mx_engine"]
 
 try:
-    import _stats as S  # needs scipy
+    import _baselines as B
+    import _stats as S  # needs numpy
     import _util as U
 except ImportError as e:
-    sys.exit(f"bench/run.py needs {e.name}: pip install '.[bench]' (or pip install scipy numpy)")
+    sys.exit(f"bench/run.py needs {e.name}: pip install '.[bench]' (or pip install numpy)")
 
 
 def _sections():
@@ -88,6 +94,10 @@ def _parser(mods):
     ap.add_argument("--max-reps", type=int, help="cap on the repetitions a section adds while an interval "
                     "straddles its target (default: 1.5 x --reps in --quick, 3 x in a full run; none with --reps)")
     ap.add_argument("--no-mx", action="store_true", help="leave the MXNet rows out even when it imports")
+    ap.add_argument("--mx-python", help="an interpreter with mxnet and this package: the sections with MXNet rows "
+                    "run there when mxnet does not import here (bench/main.sh passes its MXNet environment's)")
+    ap.add_argument("--child-section", help=argparse.SUPPRESS)   # run.py's own: one section in the child
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
     ap.add_argument("--no-plot", action="store_true")
     for name, m in mods.items():
         if hasattr(m, "add_arguments"):
@@ -113,12 +123,15 @@ def _machine(env):
 
 
 def _headline(results, wanted, env, quick):
-    """The first line: the first section (in run order) that declared a headline and ran."""
-    for s in wanted:
-        h = results.get(s, {}).get("headline")
-        if h is not None:
-            return h.sentence(_machine(env), quick)
-    return None
+    """The first line: the first section (in run order) that declared a headline and ran, then
+    what every section claims beside it (its other comparisons with a loader a user would use
+    instead: plain loop, torch's and Gluon's DataLoaders, mx.io.PrefetchingIter)."""
+    heads = [results[s]["headline"] for s in wanted if results.get(s, {}).get("headline") is not None]
+    if not heads:
+        return None
+    claims = [c for s in wanted for c in results.get(s, {}).get("claims", [])]
+    also = f" Also, median [95% interval]: {'; '.join(claims)}." if claims else ""
+    return heads[0].sentence(_machine(env), quick) + also
 
 
 def _counts(verdicts):
@@ -130,18 +143,35 @@ def _counts(verdicts):
     return f"Of {len(verdicts)} targets: {counts or 'none judged'}."
 
 
-def _busy_line(others, env):
+def _busy_line(others, env, results, mods):
+    """How busy the machine was: the whole run, and every section that was busy on its own
+    (the verdicts it marks), so the summary never says "quiet" beside a "(busy machine)" verdict."""
     if others is None:
         return "Other processes' CPU use: unknown (no /proc here)."
-    busy = others > U.BUSY_CORES
-    return (f"Other processes used {others:.2f} of {env['cores']} cores on average during the run"
-            + (": the machine was busy, expect wide intervals and figures that differ from a quiet machine's."
-               if busy else " (quiet)."))
+    busy = [f"{mods[s].TITLE.split(':')[0]} ({r['others_cores']:.2f})" for s, r in results.items()
+            if r.get("others_cores") is not None and r["others_cores"] > U.BUSY_CORES]
+    line = f"Other processes used {others:.2f} of {env['cores']} cores on average during the run"
+    if others > U.BUSY_CORES:
+        line += ": the machine was busy, expect wide intervals and figures that differ from a quiet machine's."
+    elif busy:
+        line += " (quiet on average)."
+    else:
+        return line + " (quiet)."
+    if busy:
+        line += (" Busy during: " + "; ".join(busy) + " cores: their verdicts say \"(busy machine)\", and in quick "
+                 "mode a target missed there is not resolved (provisional), never \"missed\".")
+    return line
 
 
 def _ran(results):
     """Sections that measured something: not failed, not turned into a note by a missing dependency."""
     return [s for s, r in results.items() if not r.get("skipped")]
+
+
+def _elsewhere(results):
+    """Where sections ran in the MXNet environment: its versions."""
+    envs = {(r["env"]["mxnet"], r["env"]["numpy"]) for r in results.values() if r.get("ran_in")}
+    return "".join(f"; MXNet sections: mxnet {m}, numpy {n} (the MXNet environment)" for m, n in sorted(envs))
 
 
 def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left):
@@ -157,17 +187,19 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
         not_run.append("left to a full run (without --quick): " + "; ".join(mods[s].TITLE for s in left))
     if not_run:
         lines.append("Not run: " + "; ".join(not_run) + ".")
-    lines.append(_busy_line(others, env))
+    lines.append(_busy_line(others, env, results, mods))
     lines.append("")
     lines += U.table_lines(["target", "measured: median [95% interval]", "verdict"],
                            [[v.target, v.measured, v.shown()] for v in verdicts], indent="")
-    lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note and "; " in v.note]
+    lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note]
     lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
               "inconclusive: the interval still straddles the target after the extra repetitions; not resolved in",
-              "quick mode: a quick run was too short to tell (run without --quick). (busy machine): other",
-              "processes used the CPUs while it was measured: re-run on a quiet machine before relying on it.",
+              "quick mode: a quick run was too short to tell, or missed it while other processes were busy (provisional:",
+              "run without --quick). (busy machine): other processes used the CPUs while it was measured: re-run on",
+              "a quiet machine before relying on it. Every ratio is a speed ratio (ours / other, higher is better) unless",
+              "its target says cost or time.",
               f"Run: {env['time_utc']}, {wall:.0f} s, {_machine(env)}, numpy {env['numpy']}"
-              + (f", mxnet {env['mxnet']}" if env["mxnet"] else "") + ".", ""]
+              + (f", mxnet {env['mxnet']}" if env["mxnet"] else "") + _elsewhere(results) + ".", ""]
     for s in wanted:
         if s not in results and s not in errors:
             continue
@@ -178,6 +210,7 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
         r = results[s]
         doc = (mods[s].__doc__ or "").strip().splitlines()  # what the section measures, for the reader
         busy = "" if r["others_cores"] is None else f"; other processes used {r['others_cores']:.2f} cores"
+        busy += "; in the MXNet environment" if r.get("ran_in") else ""
         lines += ["  " + x for x in doc] + [""] + r["tables"] + [f"  ({r['wall_s']} s{busy})", ""]
     return lines
 
@@ -230,9 +263,86 @@ def _lock(out_dir):
     return f
 
 
+def _run_section(a, mod, say):
+    """One section, here: its results with its config, wall time and how busy the machine was."""
+    t0, meter = time.perf_counter(), U.OtherCpu()
+    cfg = mod.config(a)
+    cfg["max_reps"] = _max_reps(a, cfg)
+    r = mod.run(cfg, say)
+    r["config"], r["wall_s"] = cfg, round(time.perf_counter() - t0, 1)
+    r["others_cores"] = meter.cores()
+    for v in r["verdicts"]:
+        v.busy = r["others_cores"] is not None and r["others_cores"] > U.BUSY_CORES
+        # Quick mode states only what it resolved: an open interval, or a miss
+        # measured while other processes took the CPUs the rows needed (the
+        # interval covers the noise within the run, not a busier machine), is
+        # provisional, never "missed".
+        if a.quick and (v.status == S.INCONCLUSIVE or (v.busy and v.status == S.MISSED)):
+            if v.status == S.MISSED:
+                v.note = (v.note + "; " if v.note else "") + "below the target on a busy machine"
+            v.status = S.NOT_RESOLVED
+    return r
+
+
+def _child_argv(argv):
+    """The parent's options for its child: all but where the report goes and which sections run."""
+    out, skip = [], {"--out", "--sections", "--mx-python", "--child-section", "--child-out"}
+    it = iter(argv)
+    for x in it:
+        name = x.split("=", 1)[0]
+        if name in skip:
+            if "=" not in x:
+                next(it, None)
+            continue
+        out.append(x)
+    return out
+
+
+def _run_in_child(a, s):
+    """Section s in the interpreter --mx-python names (its environment has mxnet); the child
+    writes the section's results as JSON, read back here as if it had run in this process."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "section.json")
+        cmd = [a.mx_python, os.path.abspath(__file__), *_child_argv(a.argv), "--child-section", s, "--child-out", path]
+        rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, check=False).returncode
+        if rc != 0 or not os.path.exists(path):
+            raise RuntimeError(f"the section {s!r} failed in {a.mx_python} (exit {rc}; its output is above)")
+        with open(path) as f:
+            r = json.load(f)
+    r["verdicts"] = [S.Verdict(**v) for v in r["verdicts"]]
+    if r.get("headline"):
+        h = r["headline"]
+        h["ratio"] = S.Interval(**h["ratio"])
+        h["verdict"] = S.Verdict(**h["verdict"]) if h.get("verdict") else None
+        r["headline"] = S.Headline(**h)
+    r["ran_in"] = a.mx_python
+    return r
+
+
+def _child(a, mods):
+    """--child-section: run that one section here and write its results to --child-out."""
+    s = a.child_section
+    try:
+        r = _run_section(a, mods[s], _say(s))
+    except KeyboardInterrupt:   # Ctrl-C reaches the parent too: it says what happened
+        return 130
+    r["verdicts"] = [v.as_dict() for v in r["verdicts"]]
+    if r.get("headline") is not None:
+        r["headline"] = r["headline"].as_dict()
+    r["env"] = U.env_info()
+    with open(a.child_out, "w") as f:
+        json.dump(r, f, default=str)
+    return 0
+
+
 def main(argv=None):
     mods = _sections()
     a = _parser(mods).parse_args(argv)
+    a.argv = sys.argv[1:] if argv is None else list(argv)
+    if a.child_section:
+        return _child(a, mods)
     chosen = a.sections or ",".join(QUICK_SECTIONS if a.quick else SECTIONS)
     wanted = SECTIONS if chosen == "all" else [s.strip() for s in chosen.split(",") if s.strip()]
     left = [] if a.sections else [s for s in SECTIONS if s not in wanted]
@@ -251,20 +361,16 @@ def main(argv=None):
     t_start, machine = time.perf_counter(), U.OtherCpu()
     results, errors, verdicts = {}, {}, []
     current = None
+    mx_elsewhere = a.mx_python and B.load_mx()[0] is None
     try:
         for s in wanted:
             current, say = s, _say(s)
-            t0, meter = time.perf_counter(), U.OtherCpu()
+            t0 = time.perf_counter()
             try:
-                cfg = mods[s].config(a)
-                cfg["max_reps"] = _max_reps(a, cfg)
-                r = mods[s].run(cfg, say)
-                r["config"], r["wall_s"] = cfg, round(time.perf_counter() - t0, 1)
-                r["others_cores"] = meter.cores()
-                for v in r["verdicts"]:
-                    if a.quick and v.status == S.INCONCLUSIVE:
-                        v.status = S.NOT_RESOLVED
-                    v.busy = r["others_cores"] is not None and r["others_cores"] > U.BUSY_CORES
+                if mx_elsewhere and getattr(mods[s], "MX_ROWS", False):
+                    r = _run_in_child(a, s)
+                else:
+                    r = _run_section(a, mods[s], say)
                 results[s] = r
                 verdicts += r["verdicts"]
             except Exception:  # noqa: BLE001 - one crashed section must not lose the others' figures

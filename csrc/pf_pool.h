@@ -5,7 +5,8 @@
  * block a user still holds is never handed out again. Blocks are binned by
  * size class (4 classes per power of two, at most 25% slack), so a steady
  * stream of equal batches reuses the same blocks and allocates nothing.
- * Threads: get from one thread at a time; put, close and stats from any thread.
+ * Threads: every call from any thread; one mutex guards the free lists and
+ * counters (the loader threads of a Loader get blocks at the same time).
  * The pool frees itself when it is closed and every block has come back.
  */
 #ifndef PF_POOL_H

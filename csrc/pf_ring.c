@@ -261,7 +261,7 @@ void pf_ring_publish(pf_ring *r, uint64_t nbytes) {
     wake(r);
 }
 
-void pf_ring_release(pf_ring *r) {
+uint64_t pf_ring_release(pf_ring *r) {
     note_give(r, PF_CONSUMER);
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
     PF_ASSERT(atomic_load_explicit(&r->head, memory_order_acquire) != tail);
@@ -272,6 +272,7 @@ void pf_ring_release(pf_ring *r) {
     /* Release: we are done reading the slot before the producer may refill it. */
     atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
     wake(r);
+    return n;
 }
 
 uint64_t pf_ring_fill(pf_ring *r) {

@@ -55,7 +55,9 @@ typedef struct pf_ring {
 } pf_ring;
 
 /* The layout the fast paths rely on: head, tail and the shared fields on
- * three different cache lines, so the two sides never write one line. */
+ * three different cache lines, so the indices the two sides poll are never
+ * written by the other side. (Both sides do write `bytes` on the shared line,
+ * once per publish and release: one contended line, not two.) */
 _Static_assert(_Alignof(pf_ring) == PF_CACHELINE, "pf_ring is cache-line aligned");
 _Static_assert(offsetof(pf_ring, head) % PF_CACHELINE == 0, "head starts a cache line");
 _Static_assert(offsetof(pf_ring, tail) - offsetof(pf_ring, head) >= PF_CACHELINE &&
@@ -94,8 +96,8 @@ void pf_ring_publish(pf_ring *r, uint64_t nbytes);
  * PF_ECLOSED, PF_EINVAL as pf_ring_reserve. Closing wins over published
  * slots: after close, acquire returns PF_ECLOSED even if some are left. */
 int pf_ring_acquire(pf_ring *r, int64_t timeout_ns, uint64_t *slot);
-// Gives the acquired slot back to the producer.
-void pf_ring_release(pf_ring *r);
+// Gives the acquired slot back to the producer; returns the bytes it was published with.
+uint64_t pf_ring_release(pf_ring *r);
 
 // Slots published and not yet released (any thread; a snapshot).
 uint64_t pf_ring_fill(pf_ring *r);

@@ -1,11 +1,16 @@
 # _collate.pxi (included by _core.pyx): a Loader's default collate.
 #
-# The first sample of a batch to finish loading fixes the batch's layout: one
-# _Column per leaf position; an array column owns one pooled block of
-# batch-size rows. Every sample's leaves are then copied straight into their
-# rows by the thread that loaded it, before that thread loads another (a
-# dataset may refill one buffer per thread): the collate is the copy, and no
-# stack follows. Rows of at least NOGIL_MIN_BYTES are copied without the GIL.
+# Row 0 (the first sample in sampler order) fixes a batch's layout, but the
+# first sample to finish loading makes the columns: one _Column per leaf
+# position; an array column owns one pooled block of batch-size rows. Every
+# sample's leaves are then copied straight into their rows by the thread that
+# loaded it, before that thread loads another (a dataset may refill one buffer
+# per thread): the collate is the copy, and no stack follows. Rows of at least
+# NOGIL_MIN_BYTES are copied without the GIL. When row 0 finishes after
+# another sample, _MapStage._settle compares it with the columns and names
+# the sample that differs from row 0 (the error path only). A dict's key
+# order is not its structure (_align maps a sample's leaves onto the batch's),
+# and an ndarray subclass (np.memmap) is stacked as a plain array.
 # Loader threads only: a batch's columns are made under the stage's lock, and
 # each row is written by one thread.
 
@@ -25,7 +30,8 @@ cdef class _Column:
     cdef object dtype          # a sample leaf's dtype (array and number columns)
     cdef cnp.PyArray_Descr *descr   # borrowed from dtype: the fast check
     cdef tuple shape           # a sample leaf's shape (array columns)
-    cdef type leaf_type        # the first sample's leaf type; every sample's must be the same
+    cdef type leaf_type        # the first sample's leaf type (ndarray for any ndarray subclass);
+                               # every sample's must be the same
     cdef object as_numpy       # a framework leaf's host numpy view, or None
     cdef object from_numpy     # the batch block as the framework's array, or None
     cdef char *data            # C_ARRAY: the block
@@ -53,7 +59,8 @@ cdef object _number_dtype(object leaf):
 
 cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
     """The columns of a batch of ``n`` rows laid out like ``leaves`` (the first
-    finished sample's). Raises TypeError for a leaf that cannot be stacked."""
+    finished sample's). Raises TypeError for a leaf that cannot be stacked. An
+    ndarray subclass's column is a plain ndarray column (leaf_type ndarray)."""
     cdef list cols = []
     cdef _Column col
     cdef cnp.ndarray a
@@ -67,10 +74,9 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
         arr = None
         if col.leaf_type is cnp.ndarray:
             arr = leaf
-        elif isinstance(leaf, cnp.ndarray):
-            raise TypeError(
-                f"the default collate stacks numpy.ndarray leaves, got a {col.leaf_type.__name__} "
-                f"at {_leaf_path(nodes, j)}; pass collate= to batch such samples")
+        elif isinstance(leaf, cnp.ndarray) and _collate_of(col.leaf_type) is None:
+            arr = _plain_array(leaf, nodes, j)   # np.memmap...: stacked as the array it is
+            col.leaf_type = cnp.ndarray
         else:
             dtype = _number_dtype(leaf)
             if dtype is not None:
@@ -115,9 +121,11 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
     return cols
 
 
-cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes) except? 0:
+cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes, Py_ssize_t *bad) except? 0:
     """Copies one sample's ``leaves`` into row ``r`` of ``cols``; returns the
-    bytes copied. Raises ValueError naming the leaf that does not fit."""
+    bytes copied. A leaf whose type, shape or dtype does not fit its column
+    stops the copy and sets ``bad[0]`` to its position (the caller decides
+    which sample differs from row 0 and says so)."""
     cdef _Column col
     cdef cnp.ndarray a
     cdef Py_ssize_t j
@@ -128,8 +136,12 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes) except? 
         col = <_Column>cols[j]
         leaf = leaves[j]
         if type(leaf) is not col.leaf_type:
-            raise ValueError(f"{_leaf_path(nodes, j)} is a {type(leaf).__name__} where the batch's "
-                             f"first sample has a {col.leaf_type.__name__}")
+            if (col.leaf_type is cnp.ndarray and isinstance(leaf, cnp.ndarray)
+                    and _collate_of(type(leaf)) is None):
+                leaf = _plain_array(leaf, nodes, j)
+            else:
+                bad[0] = j
+                return copied
         if col.kind == C_LIST:
             (<list>col.out)[r] = leaf
             continue
@@ -137,12 +149,13 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes) except? 
             col.out[r] = leaf   # same type as the first sample's, so the same dtype
             continue
         arr = leaf if col.as_numpy is None else col.as_numpy(leaf)
+        if type(arr) is not cnp.ndarray:
+            raise TypeError(f"as_numpy of {col.leaf_type.__name__} returned "
+                            f"{type(arr).__name__}, not a numpy.ndarray")
         a = <cnp.ndarray>arr
-        if type(arr) is not cnp.ndarray or not _fits(a, col):
-            raise ValueError(
-                f"{_leaf_path(nodes, j)} has shape {getattr(arr, 'shape', '?')} and dtype "
-                f"{getattr(arr, 'dtype', '?')} where the batch's first sample has shape "
-                f"{col.shape} and dtype {col.dtype}")
+        if not _fits(a, col):
+            bad[0] = j
+            return copied
         if col.kind == C_OBJECT:
             col.out[r] = arr
             continue
@@ -162,6 +175,16 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes) except? 
     return copied
 
 
+cdef object _plain_array(object leaf, list nodes, Py_ssize_t j):
+    """An ndarray subclass's leaf (np.memmap, np.matrix...) as a plain ndarray
+    over the same memory. A masked array is refused: its mask would be lost."""
+    if isinstance(leaf, np.ma.MaskedArray):
+        raise TypeError(
+            f"the default collate does not stack a {type(leaf).__name__} (at {_leaf_path(nodes, j)}): "
+            f"its mask would be lost; pass collate= to batch such samples")
+    return np.asarray(leaf)
+
+
 cdef bint _fits(cnp.ndarray a, _Column col) except -1:
     """``a`` has the column's shape and dtype (in C first: no tuple is built)."""
     cdef int d, nd = cnp.PyArray_NDIM(a)
@@ -174,34 +197,177 @@ cdef bint _fits(cnp.ndarray a, _Column col) except -1:
     return cnp.PyArray_DESCR(a) == col.descr or a.dtype == col.dtype
 
 
+cdef inline bint _node_differs(object na, object nb, bint any_key_order) except -1:
+    """Two preorder nodes differ (a leaf is None). ``any_key_order``: a dict with
+    the same keys in another order does not differ."""
+    if na is None or nb is None:
+        return na is not nb
+    ka, auxa, ca = <tuple>na
+    kb, auxb, cb = <tuple>nb
+    if ka != kb or ca != cb:
+        return True
+    if ka == K_DICT:
+        if auxa != auxb:
+            return not any_key_order or not _same_keys(<list>auxa, <list>auxb)
+    elif ka == K_STATE:
+        if (type(auxa[0]) is not type(auxb[0]) or auxa[3] != auxb[3] or auxa[4] != auxb[4]
+                or auxa[5] != auxb[5]):
+            return True
+    elif ka == K_STRUCTSEQ:
+        if auxa[0] is not auxb[0] or auxa[2] != auxb[2]:
+            return True
+    elif ka == K_CONTAINER:
+        if auxa[0] is not auxb[0]:
+            return True
+    return False
+
+
+cdef bint _same_keys(list a, list b):
+    return len(a) == len(b) and set(a) == set(b)
+
+
 cdef Py_ssize_t _tree_differs(list a, list b):
-    """The first preorder node where two samples' structures differ, or -1."""
+    """The first preorder node where two samples' structures differ, or -1 (a
+    dict's key order counts here: _align maps one order onto the other)."""
     cdef Py_ssize_t i, n = min(len(a), len(b))
     for i in range(n):
-        na = a[i]
-        nb = b[i]
-        if na is None or nb is None:
-            if na is not nb:
-                return i
-            continue
-        ka, auxa, ca = <tuple>na
-        kb, auxb, cb = <tuple>nb
-        if ka != kb or ca != cb:
+        if _node_differs(a[i], b[i], False):
             return i
-        if ka == K_DICT:
-            if auxa != auxb:
-                return i
-        elif ka == K_STATE:
-            if (type(auxa[0]) is not type(auxb[0]) or auxa[3] != auxb[3] or auxa[4] != auxb[4]
-                    or auxa[5] != auxb[5]):
-                return i
-        elif ka == K_STRUCTSEQ:
-            if auxa[0] is not auxb[0] or auxa[2] != auxb[2]:
-                return i
-        elif ka == K_CONTAINER:
-            if auxa[0] is not auxb[0]:
-                return i
     return -1 if len(a) == len(b) else n
+
+
+cdef list _subtree_ends(list nodes):
+    """For each preorder node, the index just past its subtree."""
+    cdef Py_ssize_t i, n = len(nodes)
+    cdef list ends = [0] * n
+    cdef list stack = []           # [container index, children still to come]
+    for i in range(n):
+        node = nodes[i]
+        if node is not None and (<tuple>node)[2]:
+            stack.append([i, (<tuple>node)[2]])
+            continue
+        ends[i] = i + 1
+        while stack:
+            top = stack[len(stack) - 1]
+            top[1] -= 1
+            if top[1]:
+                break
+            stack.pop()
+            ends[top[0]] = i + 1
+    return ends
+
+
+cdef object _align(list ref, list got):
+    """How a sample laid out as ``got`` maps onto the batch's layout ``ref``:
+    the list whose item ``j`` is the sample's leaf at the batch's leaf ``j``,
+    when the two differ at most in a dict's key order; else the message saying
+    where they differ (the path names the sample's node, and a dict's keys)."""
+    cdef Py_ssize_t i, g, p, c, n = len(ref)
+    cdef list ref_ends, got_ends, leaf_at, gmap, idx, kids
+    ref_ends = _subtree_ends(ref)
+    got_ends = _subtree_ends(got)
+    leaf_at = [0] * len(got)      # the sample's leaf number of each of its leaf nodes
+    c = 0
+    for g in range(len(got)):
+        leaf_at[g] = c
+        if got[g] is None:
+            c += 1
+    gmap = [0] * n                # the sample's node at each batch node
+    idx = []
+    for i in range(n):
+        g = gmap[i]
+        rn = ref[i]
+        gn = got[g]
+        if _node_differs(rn, gn, True):
+            return _structure_message(rn, gn, _node_paths(got, "sample")[g])
+        if rn is None:
+            idx.append(leaf_at[g])
+            continue
+        kids = []
+        c = g + 1
+        for p in range(<Py_ssize_t>(<tuple>gn)[2]):
+            kids.append(c)
+            c = got_ends[c]
+        if (<tuple>rn)[0] == K_DICT and (<tuple>rn)[1] != (<tuple>gn)[1]:
+            at = {key: q for q, key in enumerate((<tuple>gn)[1])}
+            kids = [kids[at[key]] for key in (<tuple>rn)[1]]
+        c = i + 1
+        for p in range(len(kids)):
+            gmap[c] = kids[p]
+            c = ref_ends[c]
+    return idx
+
+
+cdef str _structure_message(object want, object got, str where):
+    head = f"the sample's structure differs from the batch's first sample at {where}"
+    tail = "every sample of a batch must have the same structure"
+    if want is not None and got is not None and (<tuple>want)[0] == (<tuple>got)[0] == K_DICT:
+        wkeys = (<tuple>want)[1]
+        gkeys = (<tuple>got)[1]
+        what = [f"{where}[{k!r}] is missing" for k in wkeys if k not in gkeys]
+        what += [f"{where}[{k!r}] is not in the batch's first sample" for k in gkeys if k not in wkeys]
+        if what:
+            return f"{head}: {'; '.join(what)}; {tail}"
+    elif (want is not None and got is not None and (<tuple>want)[0] == (<tuple>got)[0]
+          and (<tuple>want)[2] != (<tuple>got)[2]):
+        return (f"{head}: {(<tuple>got)[2]} items where the batch's first sample has "
+                f"{(<tuple>want)[2]}; {tail}")
+    return f"{head}: {tail}"
+
+
+# -- which sample differs from row 0 (the error path, and a slow row 0) -------
+
+cdef tuple _leaf_desc(object leaf):
+    """(type, shape, dtype) of a sample's leaf as its column sees it."""
+    t = type(leaf)
+    if isinstance(leaf, cnp.ndarray) and _collate_of(t) is None:
+        return (cnp.ndarray if not isinstance(leaf, np.ma.MaskedArray) else t, leaf.shape, leaf.dtype)
+    handler = _collate_of(t)
+    if handler is not None:
+        arr = handler[0](leaf)
+        return (t, getattr(arr, "shape", None), getattr(arr, "dtype", None))
+    return (t, None, None)
+
+
+cdef tuple _col_desc(_Column col):
+    if col.kind == C_ARRAY or col.kind == C_OBJECT:
+        return (col.leaf_type, col.shape, col.dtype)
+    return (col.leaf_type, None, None)
+
+
+cdef tuple _sample_layout(list nodes, list leaves):
+    return (nodes, [_leaf_desc(leaf) for leaf in leaves])
+
+
+cdef tuple _cols_layout(list nodes, list cols):
+    return (nodes, [_col_desc(<_Column>c) for c in cols])
+
+
+cdef str _leaf_message(str path, tuple want, tuple got):
+    if want[0] is not got[0]:
+        return (f"{path} is a {(<type>got[0]).__name__} where the batch's first sample has a "
+                f"{(<type>want[0]).__name__}")
+    return (f"{path} has shape {got[1]} and dtype {got[2]} where the batch's first sample has "
+            f"shape {want[1]} and dtype {want[2]}")
+
+
+cdef object _layout_differs(tuple want, tuple got):
+    """Why a sample laid out as ``got`` (nodes, leaf descriptions) does not fit
+    a batch laid out as ``want``, or None when it fits."""
+    cdef list wnodes = want[0], gnodes = got[0], wdesc = want[1], gdesc = got[1]
+    cdef Py_ssize_t j
+    if _tree_differs(wnodes, gnodes) >= 0:
+        idx = _align(wnodes, gnodes)
+        if type(idx) is str:
+            return idx
+    else:
+        idx = range(len(wdesc))
+    for j in range(len(wdesc)):
+        w = <tuple>wdesc[j]
+        g = <tuple>gdesc[idx[j]]
+        if w[0] is not g[0] or w[1] != g[1] or w[2] != g[2]:
+            return _leaf_message(_leaf_path(wnodes, j), w, g)
+    return None
 
 
 cdef list _node_paths(list nodes, str root):

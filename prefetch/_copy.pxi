@@ -1,37 +1,21 @@
 # _copy.pxi (included by _core.pyx): a batch's copies into pool blocks.
 #
-# While the tree is walked (fetch thread, GIL held), each array leaf gets a
+# While the tree is walked (the copying thread, GIL held), each array leaf gets a
 # pool block and an output array over it, and its memcpy is queued; _run then
 # does every queued memcpy without the GIL, split across the copier's helper
 # threads. Leaf adapters (prefetch.adapters.register_leaf) receive the
 # CopyPlan and call plan.array(a) for the memory they need copied.
 #
-# Hand-over (SPEC §3 rule 1, issue 13): before the walk, _find_sole marks the
-# leaves that nothing but the fetch thread can reach; those are handed out as
-# they are, every other array leaf is copied. When in doubt, copy.
+# Hand-over (SPEC §3 rule 1, issue 13): before the walk, the plan's _SoleProof
+# (_sole.pxi) marks the leaves that nothing but the copying thread can reach;
+# those are handed out as they are, every other array leaf is copied. When in
+# doubt, copy.
 #
 # A leaf's own state (an ndarray subclass's attributes, a tensor subclass's
 # __dict__) is walked like a batch by copy_state (SPEC §3 rule 1, issue 18):
 # the arrays in it are copied too, not carried over from the source.
 
 from cpython.object cimport PyObject, PyTypeObject
-
-
-cdef extern from "Python.h":
-    PyTypeObject PyTuple_Type
-    PyTypeObject PyList_Type
-    PyTypeObject PyDict_Type
-    PyTypeObject *pf_type "Py_TYPE"(PyObject *o)
-    # On borrowed pointers, without the reference a cast to object would take.
-    bint pf_long_exact "PyLong_CheckExact"(PyObject *o)
-    bint pf_float_exact "PyFloat_CheckExact"(PyObject *o)
-    bint pf_str_exact "PyUnicode_CheckExact"(PyObject *o)
-    bint pf_bytes_exact "PyBytes_CheckExact"(PyObject *o)
-    Py_ssize_t pf_tuple_size "PyTuple_GET_SIZE"(PyObject *o)
-    PyObject *pf_tuple_item "PyTuple_GET_ITEM"(PyObject *o, Py_ssize_t i)
-    Py_ssize_t pf_list_size "PyList_GET_SIZE"(PyObject *o)
-    PyObject *pf_list_item "PyList_GET_ITEM"(PyObject *o, Py_ssize_t i)
-    int pf_dict_next "PyDict_Next"(PyObject *o, Py_ssize_t *pos, PyObject **key, PyObject **value)
 
 
 cdef extern from "numpy/arrayobject.h":
@@ -48,63 +32,18 @@ cdef extern from "numpy/arrayobject.h":
     void Py_INCREF_Descr "Py_INCREF"(cnp.PyArray_Descr *)
 
 
-cdef extern from *:
-    """
-    /* True when o has exactly one reference. On a free-threaded build the
-     * reference count alone proves nothing (other threads may hold unmerged
-     * references): there only the interpreter's own check is trusted, and
-     * without one (3.13t) nothing is ever proven sole. */
-    static inline int pf_sole_ref(PyObject *o) {
-    #if defined(Py_GIL_DISABLED)
-    #  if PY_VERSION_HEX >= 0x030E0000
-        return PyUnstable_Object_IsUniquelyReferenced(o);
-    #  else
-        (void)o;
-        return 0;
-    #  endif
-    #else
-        return Py_REFCNT(o) == 1;
-    #endif
-    }
-
-    /* An exact ndarray whose memory only this object can reach: numpy allocated
-     * it for this array (OWNDATA, no base, a memory handler: not memory a C
-     * extension wrapped and may still write), in the layout a copy would have
-     * (C-contiguous, aligned, writeable), holding no references (not an object
-     * or string dtype), no weak reference, and it never exported a buffer
-     * (numpy caches the buffer format on the first export; a live export
-     * would also show in the reference count). The reference count is the
-     * caller's test. numpy's temporary elision (temp_elide.c) asks the same
-     * of an operand it overwrites, minus the layout. */
-    static inline int pf_array_plain(PyObject *o) {
-        PyArrayObject *a = (PyArrayObject *)o;
-        PyArrayObject_fields *f = (PyArrayObject_fields *)o;
-        int need = NPY_ARRAY_OWNDATA | NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE;
-        return Py_TYPE(o) == &PyArray_Type
-            && (PyArray_FLAGS(a) & need) == need
-            && !(PyArray_FLAGS(a) & NPY_ARRAY_WRITEBACKIFCOPY)
-            && f->base == NULL
-            && f->weakreflist == NULL
-            && f->_buffer_info == NULL
-            && f->mem_handler != NULL
-            && !(PyDataType_FLAGS(PyArray_DESCR(a)) & NPY_ITEM_REFCOUNT);
-    }
-    """
-    bint pf_sole_ref(PyObject *o)
-    bint pf_array_plain(PyObject *o)
-
 # Below this, releasing the GIL (and waking the other thread that wants it)
 # costs more than the memcpy itself; numpy draws the same line.
 cdef size_t NOGIL_MIN_BYTES = 1 << 16
 
 # Leaves nested in the state of leaves (an array in an attribute of an array
-# in an attribute of ...): each level recurses on the fetch thread's C stack.
+# in an attribute of ...): each level recurses on the copying thread's C stack.
 # Real batches have one or two; past this the batch is almost surely a chain
 # built by mistake (SPEC §4: an error, not a crash).
 MAX_STATE_NESTING = 1000
 
 
-cdef class CopyPlan:
+cdef class CopyPlan(_LeafSink):
     """The copies of the batch being fetched, handed to leaf adapters.
 
     ``array(a)`` returns a fresh C-contiguous pool-backed array with ``a``'s
@@ -115,18 +54,14 @@ cdef class CopyPlan:
 
     def __cinit__(self):
         self._jobs = NULL
-        self._todo = NULL
-        self._found = NULL
+        self._proof = _SoleProof.__new__(_SoleProof)
         self._strided = []
         self._sources = []
         self.closers = set()
-        self._sole = set()
         self._copying = {}
 
     def __dealloc__(self):
         free(self._jobs)
-        free(self._todo)
-        free(self._found)
 
     def __init__(self):
         raise TypeError("CopyPlan objects are made by the prefetcher, not by users")
@@ -140,8 +75,7 @@ cdef class CopyPlan:
         self.handed_leaves = 0
         self._strided = []
         self._sources = []
-        if self._sole:
-            self._sole = set()
+        self._proof.clear()
         if self.device is not None:
             self._deliver_idx = []
 
@@ -200,65 +134,6 @@ cdef class CopyPlan:
             self._sources.append(keep)
         return out
 
-    cdef void _find_sole(self, PyObject *root) except *:
-        """Mark the leaves of ``root`` that only the fetch thread can reach.
-
-        ``root`` is the object next(source) returned, held by the fetch
-        thread's one reference alone when nothing else holds it. A node is
-        sole when its one reference is its parent's and its parent is sole:
-        then no one but the fetch thread reaches it. Only exact tuples,
-        lists and dicts are looked into (their items are plain C arrays; a
-        subclass or any other container may hold its children elsewhere or
-        run code to produce them), with borrowed pointers and no Python
-        code, so nothing can change a count while they are read. A node
-        listed twice, kept by the source, viewed, weakly referenced or
-        exported has more references and is not sole, nor is anything under
-        it. The walk then hands over a sole plain numpy array
-        (pf_array_plain) or a sole registered leaf whose adapter's
-        exclusive() says its memory is its own.
-        """
-        cdef PyObject *o
-        cdef PyObject *key
-        cdef PyObject *value
-        cdef PyTypeObject *t
-        cdef Py_ssize_t i, n, pos, ntodo = 0, nfound = 0
-        if not pf_sole_ref(root):
-            return
-        _push(&self._todo, &self._todo_cap, &ntodo, root)
-        while ntodo:
-            ntodo -= 1
-            o = self._todo[ntodo]
-            t = pf_type(o)
-            if t == &PyTuple_Type:
-                n = pf_tuple_size(o)
-                for i in range(n):
-                    value = pf_tuple_item(o, i)
-                    if pf_sole_ref(value):
-                        _push(&self._todo, &self._todo_cap, &ntodo, value)
-            elif t == &PyList_Type:
-                n = pf_list_size(o)
-                for i in range(n):
-                    value = pf_list_item(o, i)
-                    if pf_sole_ref(value):
-                        _push(&self._todo, &self._todo_cap, &ntodo, value)
-            elif t == &PyDict_Type:
-                pos = 0
-                while pf_dict_next(o, &pos, &key, &value):
-                    if pf_sole_ref(value):
-                        _push(&self._todo, &self._todo_cap, &ntodo, value)
-            elif pf_array_plain(o) or not (
-                    pf_is_array(o) or o == <PyObject *>None or pf_long_exact(o)
-                    or pf_float_exact(o) or pf_str_exact(o) or pf_bytes_exact(o)):
-                # A plain array, or a leaf its adapter may prove exclusive.
-                _push(&self._found, &self._found_cap, &nfound, o)
-        # Python objects only now, after the last borrowed pointer was read
-        # (allocating may run the cyclic GC, and with it any finalizer).
-        for i in range(nfound):
-            self._sole.add(<Py_ssize_t>self._found[i])
-
-    cdef bint _is_sole(self, object obj):
-        return bool(self._sole) and (<Py_ssize_t><PyObject *>obj) in self._sole
-
     cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index):
         if kind == K_PASS:
             return obj
@@ -268,16 +143,14 @@ cdef class CopyPlan:
                 return done         # a leaf's state refers back to the leaf (copy_state)
         if self.device is not None:
             self._deliver_idx.append(index)
-        if self._trusted:
-            return obj
         if kind == K_LEAF:
-            if handler[1] is not None and self._is_sole(obj) and handler[1](obj) is True:
+            if handler[1] is not None and self._proof.holds(obj) and handler[1](obj) is True:
                 return self._hand_over(obj, _leaf_nbytes(obj))
             if handler[2] is not None:
                 self.closers.add(handler[2])
             self.copied_leaves += 1
             return handler[0](obj, self)
-        if kind == K_ARRAY and self._is_sole(obj):
+        if kind == K_ARRAY and self._proof.holds(obj):
             return self._hand_over(obj, <size_t>cnp.PyArray_NBYTES(<cnp.ndarray>obj))
         self.copied_leaves += 1
         return self._copy_array(obj)
@@ -389,21 +262,6 @@ cdef void put_block(pf_block *blk) noexcept nogil:
     pf_pool_put(blk)
 
 
-cdef void _push(PyObject ***stack, Py_ssize_t *cap, Py_ssize_t *n, PyObject *o) except *:
-    """Appends a borrowed pointer to a growable C array."""
-    cdef PyObject **grown
-    cdef Py_ssize_t new_cap
-    if n[0] == cap[0]:
-        new_cap = 2 * cap[0] + 16
-        grown = <PyObject **>realloc(stack[0], new_cap * sizeof(PyObject *))
-        if grown == NULL:
-            raise MemoryError("prefetch: cannot grow the hand-over check")
-        stack[0] = grown
-        cap[0] = new_cap
-    stack[0][n[0]] = o
-    n[0] += 1
-
-
 cdef size_t _leaf_nbytes(object leaf):
     """Bytes of a registered leaf handed over, for max_bytes and stats: its
     ``nbytes`` attribute where it has one, else 0."""
@@ -411,3 +269,21 @@ cdef size_t _leaf_nbytes(object leaf):
         return max(0, int(getattr(leaf, "nbytes", 0)))
     except Exception:
         return 0
+
+
+def _walk(tree, Py_ssize_t times=1):
+    """The batch ``tree`` taken apart and rebuilt ``times`` times, as the
+    publisher does, for bench/bench_tree.py (the walk alone cannot be timed
+    through Prefetcher). Array leaves need a prefetcher's pool: TypeError here."""
+    cdef CopyPlan plan = CopyPlan.__new__(CopyPlan)
+    cdef list leaves
+    cdef Py_ssize_t i
+    plan._reset()
+    out = None
+    for i in range(times):
+        leaves = []
+        try:
+            out = _unflatten(_flatten(tree, plan, leaves), leaves)
+        except _Closing:
+            raise TypeError("_walk takes batches without array leaves") from None
+    return out

@@ -25,7 +25,7 @@ cdef extern from "pf_ring.h" nogil:
     int pf_ring_reserve(pf_ring *r, uint64_t nbytes, int64_t timeout_ns, uint64_t *slot)
     void pf_ring_publish(pf_ring *r, uint64_t nbytes)
     int pf_ring_acquire(pf_ring *r, int64_t timeout_ns, uint64_t *slot)
-    void pf_ring_release(pf_ring *r)
+    uint64_t pf_ring_release(pf_ring *r)
     uint64_t pf_ring_fill(pf_ring *r)
     void pf_ring_close(pf_ring *r)
 
@@ -81,7 +81,24 @@ cdef class _Pool:
 from cpython.object cimport PyObject
 
 
-cdef class CopyPlan:
+cdef class _SoleProof:
+    # The hand-over proof (_sole.pxi): which leaves of one batch only the batch holds.
+    cdef set sole                  # their addresses; None: none proven
+    cdef PyObject **_todo          # find()'s stack (borrowed pointers)
+    cdef Py_ssize_t _todo_cap
+    cdef PyObject **_found         # find()'s finds (borrowed pointers)
+    cdef Py_ssize_t _found_cap
+    cdef void clear(self)
+    cdef bint holds(self, object obj)
+    cdef void find(self, PyObject *root) except *
+
+
+cdef class _LeafSink:
+    # What the tree walk (_tree.pxi) hands each leaf to; the base keeps it as is.
+    cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)
+
+
+cdef class CopyPlan(_LeafSink):
     # One batch's copies (_copy.pxi): pool blocks taken and memcpy jobs queued
     # while the tree is walked (GIL held), run afterwards without the GIL.
     cdef pf_pool *_pool            # borrowed from the _Core; NULL once it closed
@@ -94,22 +111,15 @@ cdef class CopyPlan:
     cdef uint64_t handed_bytes     # of which handed over (SPEC §3 rule 1)
     cdef uint64_t copied_leaves
     cdef uint64_t handed_leaves
-    cdef set _sole                 # addresses of the leaves _find_sole proved only the batch holds
-    cdef PyObject **_todo          # _find_sole's stack (borrowed pointers)
-    cdef Py_ssize_t _todo_cap
-    cdef PyObject **_found         # _find_sole's finds (borrowed pointers)
-    cdef Py_ssize_t _found_cap
+    cdef _SoleProof _proof         # the leaves of this batch only it holds (copy="auto")
     cdef readonly object device    # the Delivery, or None
     cdef set closers               # close hooks of the leaf adapters used (run once at close)
     cdef list _deliver_idx         # leaves to hand to device.deliver (only with a device)
     cdef readonly uint64_t batches # batches planned so far: adapters tell batches apart
     cdef dict _copying             # id(leaf) -> its copy, while copy_state walks the copy's state
     cdef object __weakref__        # adapters may keep per-prefetcher state keyed by the plan
-    cdef bint _trusted             # every leaf is the prefetcher's own (a Loader's collated batch)
 
     cdef void _reset(self)
-    cdef void _find_sole(self, PyObject *root) except *
-    cdef bint _is_sole(self, object obj)
     cdef object _hand_over(self, object obj, size_t nbytes)
     cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)
     cdef object _copy_array(self, object a)
@@ -118,58 +128,67 @@ cdef class CopyPlan:
     cdef void _run(self, pf_copier *copier) except *
 
 
-cdef class _Core:
-    # The ring, its slots, the pool and the fetch thread's state. Worker
-    # threads reference only this object, never the user-facing Prefetcher.
+cdef class _Parts:
+    # One batch on its way from a stage to the publisher (_stage.pxi).
+    cdef list nodes                # the tree's structure (_tree.pxi's preorder nodes)
+    cdef list leaves               # its leaves, memory only the prefetcher holds
+    cdef list deliver              # indices of the leaves a device delivery gets
+    cdef uint64_t nbytes           # array bytes of the batch, for max_bytes
+    cdef void clear(self)
+
+
+cdef class _Stage:
+    # What produces batches for a _Core (_stage.pxi): the fetch stage, a map stage's epoch.
+    cdef object failure            # with P_FAILED: the error to publish (the core takes it)
+    cdef int produce(self, _Parts parts) except -1
+    cdef void taken(self, uint64_t nbytes)
+    cdef int before_take(self) except -1
+    cdef bint on_own_thread(self)
+
+
+cdef class _Publisher:
+    # The producer side of a _Core (_core.pyx): the ring, its slots and the one
+    # publisher thread that asks the stage (_stage.pxi) for batches, delivers
+    # them to the device and publishes them.
     cdef pf_ring *_ring            # heap, cache-line aligned; NULL until created
-    cdef pf_pool *_pool            # borrowed from _pool_obj; NULL after close
-    cdef _Pool _pool_obj           # shared by the owner's epochs, or this core's own
-    cdef bint _own_pool            # close() closes _pool_obj
-    cdef bint _owned               # the source yields batches only this core holds (no copy)
-    cdef object _wake              # called by close() to wake a source waiting for work
-    cdef object _describe          # () -> str: what a loader's threads are doing, for TimeoutError
-    cdef pf_copier _copier
+    cdef _Stage _stage             # what this core publishes from
+    cdef _Parts _parts             # what the stage fills, reused per batch
+    cdef object _pool              # the owner's _Pool: stats only (the owner closes it)
+    cdef object _delivery          # None or the device adapter's Delivery (the owner closes it)
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
-    cdef bint _copier_ok           # _copier threads running (fini by the fetch thread)
     cdef unsigned _epoch           # pf_fork_epoch() at creation
-    cdef unsigned long _acquirer   # ident of the consumer waiting in pf_ring_acquire without the GIL; 0: none
-    cdef object _consumer_lock     # held by the consumer that waits without the GIL
-    cdef object _close_lock        # RLock: one close() tears down, the others wait for it
-    cdef bint _torn_down           # close() finished: threads joined (or warned), hooks run, pool closed
-    cdef set _close_hooks          # the adapters' close hooks not run yet; None until close() collects them
     cdef list _slots               # depth entries: batch, _Failure or _END
-    cdef object _source            # the iterator; next() only on the fetch thread
-    cdef CopyPlan _plan            # the fetch thread's copy plan, reused per batch
-    cdef object _delivery          # None or the device adapter's Delivery
-    cdef object _thread            # the fetch threading.Thread
-    cdef tuple _on_thread          # adapters' thread-state applies, run before the first next(source)
-    cdef object _worker_ident      # its threading.get_ident(), once it runs
+    cdef object _thread            # the publisher threading.Thread
+    cdef tuple _on_thread          # adapters' thread-state applies, run first on the publisher thread
+    cdef object _publisher_ident   # its threading.get_ident(), once it runs
     cdef readonly object name
+    cdef readonly str kind         # "prefetcher" or "loader", for messages
     cdef readonly int depth
-    cdef readonly int workers
     cdef uint64_t _max_bytes       # 0: no cap
     cdef readonly bint closed
-    cdef bint _ended               # the consumer saw the end (or the error)
-    # fetch-thread state, for TimeoutError messages
-    cdef int _doing
-    cdef uint64_t _batch_no
-    cdef uint64_t _max_batch_bytes
+    cdef int _doing                # what the publisher does, for TimeoutError and close()
     # counters (each written by one thread, read under the GIL)
-    cdef uint64_t _produced
-    cdef uint64_t _consumed
-    cdef bint _handover            # copy="auto": hand over what _find_sole proves sole
-    cdef uint64_t _bytes_copied
-    cdef uint64_t _bytes_handed
-    cdef uint64_t _leaves_copied
-    cdef uint64_t _leaves_handed
-    cdef int64_t _consumer_wait_ns
+    cdef uint64_t _produced        # by the publisher
+    cdef uint64_t _consumed        # by the consumer
     cdef int64_t _producer_wait_ns
     cdef uint64_t _peak_fill
 
-    cpdef object take(self, object timeout=*)
-    cdef object _copy_batch(self, object item)
+    cdef int _apply_thread_states(self) except -1
     cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1
     cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
+
+
+cdef class _Core(_Publisher):
+    # A _Publisher with its consumer side, close() and stats (_core.pyx).
+    cdef unsigned long _acquirer   # ident of the consumer waiting in pf_ring_acquire without the GIL; 0: none
+    cdef object _consumer_lock     # held by the consumer that waits without the GIL
+    cdef object _close_lock        # RLock: one close() tears down, the others wait for it
+    cdef bint _torn_down           # close() finished: the thread joined (or warned about)
+    cdef bint _ended               # the consumer saw the end (or the error)
+    cdef uint64_t _failed          # batch errors the consumer took, the stream going on after them
+    cdef int64_t _consumer_wait_ns
+
+    cpdef object take(self, object timeout=*)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
     cdef _check_usable(self)
     cdef _tear_down(self, double grace, at)

@@ -2,23 +2,18 @@
 # note a source's exception carries to the consumer (SPEC §4).
 
 cdef class _Failure:
-    # An exception from the fetch thread, in the slot where its batch would be.
+    # An exception from a stage, in the slot where its batch would be; the
+    # stream ends with it unless it is one batch's (ends False).
     cdef readonly object exc
+    cdef readonly bint ends
 
-    def __cinit__(self, exc):
+    def __cinit__(self, exc, bint ends=True):
         self.exc = exc
+        self.ends = ends
 
 
 class _Closing(Exception):
-    """Raised inside the fetch thread when close() pulled the pool away."""
-
-
-class _Noted(Exception):
-    """A loader's error on its way to the fetch thread, its note already added
-    (sample, batch and thread); the fetch thread publishes ``exc`` as it is."""
-
-    def __init__(self, exc):
-        self.exc = exc
+    """Raised inside a stage when close() pulled the pool away."""
 
 
 cdef _check_rc(int rc, what):
@@ -45,3 +40,13 @@ def _add_note(exc, note):
             notes = []
         notes.append(note)
         exc.__notes__ = notes
+
+
+cdef object _noted(exc, str note):
+    """``exc`` with ``note`` added; an exception type that refuses notes is
+    still delivered, without it."""
+    try:
+        _add_note(exc, note)
+    except Exception:
+        pass
+    return exc

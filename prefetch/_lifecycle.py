@@ -49,7 +49,7 @@ def _close_all(core: Optional[_Core], owned: tuple[Any, ...],
         if core is not None:
             core.close(at=at)
     finally:
-        for thing in owned:   # a loader's stage, a device delivery, the pool: in that order
+        for thing in owned:   # a loader's stage or batch copy, a device delivery, the pool
             thing.close()
 
 
@@ -69,7 +69,7 @@ class _Lifecycle(_Iterator):
         self._created_at = _warn.user_location() or ("<unknown>", 0)
 
     def _install(self, core: _Core, on_thread: tuple[Callable[[], None], ...] = ()) -> None:
-        """Make ``core`` the current epoch's and start it; its fetch thread
+        """Make ``core`` the current epoch's and start it; its publisher thread
         calls each of ``on_thread`` first (the creator's framework modes)."""
         if self._finalizer is not None:
             self._finalizer.detach()
@@ -104,8 +104,13 @@ class _Lifecycle(_Iterator):
         self._closing = True
         if self._finalizer is not None:
             self._finalizer.detach()
-        owned, self._owned = self._owned, ()   # closed once, however often close() is called
-        _close_all(self._core, owned)
+        if self._core is not None:
+            # Cut short by Ctrl-C, it raises here: what outlives the epochs is
+            # then closed by the next close(), once the threads are stopped.
+            self._core.close()
+        while self._owned:   # each closed once, however often close() is called
+            thing, self._owned = self._owned[0], self._owned[1:]
+            thing.close()
 
     @property
     def closed(self) -> bool:

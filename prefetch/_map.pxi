@@ -3,12 +3,18 @@
 #
 # Loader threads claim rows in sampler order, call load(key) (dataset[key],
 # or fn(item)) concurrently, and collate each sample into its batch's row
-# (_collate.pxi) before claiming the next. The _Core's fetch thread takes
-# whole batches from the stage through _EpochSource, its source: one ring, one
-# consumer side and one lifecycle for Prefetcher and Loader alike.
+# (_collate.pxi) before claiming the next; without the default collate, the
+# sample (or a collate=f result) is copied by that thread (a _BatchCopy of its
+# own) before it claims the next. So every batch is the stage's own (a dataset
+# may refill one buffer per thread). Each epoch is a _MapEpoch, the stage
+# (_stage.pxi) of that epoch's _Core: the core's publisher takes whole
+# batches from it as parts; the loader threads never touch the ring.
 # Memory is bounded: batches open at most `window` ahead of the last one
-# taken. Threads persist across epochs; an epoch is a generation number, and
-# work of an older generation is dropped. Every field is read and written
+# taken, and with max_bytes, the bytes of the batches open and those not yet
+# taken by the consumer stay under it (one batch may exceed it alone).
+# Threads persist across epochs; each epoch's batches (_epoch_batches.pxi)
+# have a generation of their own, and work of a dropped one is dropped: the
+# next epoch may open before the current one ends. Every field is read and written
 # with the GIL held; `_lock` serialises reading the sampler and laying out a
 # batch, `_cv` carries the wake-ups (a batch completed, room in the window, a
 # new epoch, close). Every wait is a timed slice that re-checks close().
@@ -18,8 +24,12 @@ cdef enum MapMode:
     M_CUSTOM       # collate=f: f(samples) on the thread that finished the batch
     M_SINGLE       # no batching (batch_size=None, prefetch.map): the sample is the batch
 
-cdef Py_ssize_t NO_STOP = <Py_ssize_t>(INT64_MAX >> 1)
-cdef object _tls = threading.local()   # per loader thread: .info (WorkerInfo), .sample
+# A stage's key range (n_keys) when keys are not dataset indices to check:
+cdef enum:
+    KEYS_ANY = -1          # prefetch.map's items; sample_rng()'s index is the item's position
+    KEYS_UNCHECKED = -2    # a framework loader's sampler: any index object goes to load() as
+                           # its own __getitem__ takes it; sample_rng()'s index is the key
+cdef object _tls = threading.local()   # per loader thread: .info (WorkerInfo), .sample, .stage
 
 
 def sample_rng():
@@ -35,11 +45,36 @@ def sample_rng():
         raise RuntimeError("sample_rng() is called inside dataset[i] (or map's function) while a "
                            "prefetch loader thread runs it; this thread is not loading a sample")
     seed, epoch, key = sample
-    if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+    if type(key) is not int:
+        # Any integer is an index (a numpy permutation as the sampler): its
+        # stream is the one of the same int. Not a bool.
+        try:
+            if isinstance(key, (bool, np.bool_)):
+                raise TypeError
+            key = operator.index(key)
+        except TypeError:
+            raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r} "
+                            f"({type(key).__name__})") from None
+    if key < 0:
         raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r}")
     # Philox is counter based: one key per (seed), and a counter whose high
     # words are (index, epoch), so no two samples' streams overlap.
     return np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, key, epoch]))
+
+
+cdef _check_key(key, Py_ssize_t n_keys):
+    """``key`` is a dataset index: an int (or a numpy or framework integer) in [0, n_keys)."""
+    if isinstance(key, bool) or not isinstance(key, int):
+        try:
+            if isinstance(key, np.bool_):
+                # numpy < 2.3 only warns (DeprecationWarning) where 2.3 raises: one answer
+                raise TypeError
+            key = operator.index(key)   # a numpy or framework integer
+        except TypeError:
+            raise TypeError(f"the sampler yielded {key!r} ({type(key).__name__}); a sample index "
+                            "must be an int") from None
+    if not 0 <= key < n_keys:
+        raise IndexError(f"the sampler yielded index {key}, out of range for a dataset of length {n_keys}")
 
 
 def worker_info():
@@ -48,82 +83,82 @@ def worker_info():
 
 
 @cython.final
-cdef class _Batch:
-    cdef Py_ssize_t k              # its number in the epoch, from 0
-    cdef Py_ssize_t n              # rows
-    cdef Py_ssize_t done           # rows finished (loaded and collated, or failed)
-    cdef bint complete             # done == n and the batch is built: the fetch thread may take it
-    cdef unsigned long gen
-    cdef list keys                 # the sampler's indices, one per row
-    cdef list nodes                # M_STACK: the layout, from the first finished sample
-    cdef list cols                 # M_STACK: one _Column per leaf
-    cdef list samples              # M_CUSTOM: the samples for collate
-    cdef object result             # M_CUSTOM, M_SINGLE: what is handed out
-    cdef object failure            # the exception of its lowest failed row, or None
-    cdef Py_ssize_t fail_row
+cdef class _Ahead:
+    """What an epoch holds ahead of its consumer, and the bounds on it: bytes
+    (max_bytes: of the batches open, and taken but not yet consumed; one batch
+    may exceed it alone) and batches (lookahead: opened and not yet consumed).
+    Under the stage's condition."""
+    cdef uint64_t max_bytes        # 0: no cap
+    cdef uint64_t held_bytes
+    cdef Py_ssize_t lookahead      # 0: no cap
+    cdef Py_ssize_t n_consumed     # batches of the epoch the consumer has taken
+
+    def __cinit__(self, uint64_t max_bytes):
+        self.max_bytes = max_bytes
+
+    cdef void new_epoch(self):
+        self.held_bytes = 0
+        self.n_consumed = 0
+
+    cdef bint bounded(self):
+        return self.max_bytes != 0 or self.lookahead != 0
+
+    cdef bint has_room(self, Py_ssize_t next_k, size_t batch_bytes):
+        """Batch ``next_k`` (of about ``batch_bytes``) may open."""
+        return ((self.lookahead == 0 or next_k - self.n_consumed < self.lookahead)
+                and (self.max_bytes == 0 or self.held_bytes == 0
+                     or self.held_bytes + batch_bytes <= self.max_bytes))
+
+    cdef void release(self, uint64_t nbytes):
+        self.held_bytes -= min(nbytes, self.held_bytes)
+
+    cdef void consumed(self, bint this_epoch, uint64_t nbytes):
+        if this_epoch:
+            self.n_consumed += 1
+        self.release(nbytes)
 
 
 @cython.final
 cdef class _MapStage:
     cdef object load               # key -> sample
-    cdef object collate            # M_CUSTOM's f
+    cdef _Assembly asm             # what becomes of each sample (_assemble.pxi)
     cdef int mode
-    cdef _Pool pool
     cdef object name
     cdef object worker_init        # worker_id -> None, on each thread before its first sample
+    cdef public object per_thread  # worker_id -> that thread's load (a dataset of its own), or None
     cdef tuple on_thread           # applied on each thread first: the creator's framework modes
-    cdef object seed
+    cdef public object seed        # of sample_rng(); a resumed loader may adopt a saved one between epochs
     cdef bint ordered
+    cdef bint go_on                # a failed batch is its own error; the epoch goes on (framework loaders)
     cdef object _lock
     cdef object _cv
-    cdef list _threads
-    cdef readonly int threads      # threads started
+    cdef _LoaderThreads crew       # the threads (_threads.pxi)
     cdef int target                # threads that claim work; more may be parked (workers="auto")
     cdef Py_ssize_t rows           # rows per batch, for the window
-    # workers="auto" (_tune, on the fetch thread): a window of batches is
-    # measured; while the fetch thread waits for the threads and CPU is left,
-    # a trial doubles the threads, kept only on a measured gain.
-    cdef int max_threads           # 0: a fixed count
-    cdef int ceiling               # no trial above this (lowered by a failed trial)
-    cdef int retry                 # windows until the ceiling is lifted again
-    cdef int trial_from            # the count before the trial running, or 0
-    cdef double trial_rate
-    cdef int64_t tune_t0, tune_wait0, wait_ns
-    cdef double tune_cpu0
-    cdef uint64_t tune_samples0
-    cdef Py_ssize_t tune_batches
-    cdef double cpus
+    cdef _Tuner tuner              # workers="auto"; None: a fixed count
+    cdef readonly _Gauge gauge     # do the threads run in parallel (_gauge.pxi)
+    cdef int64_t wait_ns           # the publisher's wait for batches, for the tuner
     cdef int depth                 # the ring's, for the pool's keep
-    cdef size_t max_batch_bytes    # the largest batch's blocks so far
+    cdef _Ahead ahead              # the bounds on what the epoch holds ahead of the consumer
     cdef bint closed
-    # the epoch
-    cdef unsigned long gen
-    cdef Py_ssize_t epoch
-    cdef object batches            # iterator of key lists; None between epochs
-    cdef bint exhausted
-    cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); -1: any key
+    cdef unsigned long last_gen    # the last generation given (none is reused)
+    # the epochs (_epoch_batches.pxi)
+    cdef _EpochBatches now         # the current one
+    cdef _EpochBatches after       # the next one, opened before it starts; None: not known
+    cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); KEYS_ANY, KEYS_UNCHECKED: any key
     cdef _Batch cur                # the batch whose rows are being claimed
     cdef Py_ssize_t cur_row
-    cdef Py_ssize_t next_k         # the number of the next batch to open
-    cdef Py_ssize_t taken          # batches handed to the fetch thread
-    cdef Py_ssize_t stop_k         # no batch from here on opens (an error came before it)
     cdef Py_ssize_t window         # batches open ahead of the last one taken
-    cdef dict pending              # k -> _Batch, opened and not taken
-    cdef object epoch_failure      # an error of the sampler, raised after batch stop_k - 1
     # counters (GIL held)
     cdef int64_t load_ns           # inside load(key), summed over threads
     cdef int64_t idle_ns           # threads waiting for room in the window or a new epoch
     cdef uint64_t samples
-    cdef uint64_t bytes_collated
-    cdef list busy_since           # per thread: pf_now_ns() when its load began, 0 when idle
-    cdef list busy_key
 
     def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
-                  int depth, tuple on_thread=()):
+                  int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0):
         self.load = load
         self.mode = mode
-        self.collate = collate
-        self.pool = pool
+        self.asm = _Assembly(mode, collate, pool, delivery, name)
         self.name = name
         self.worker_init = worker_init
         self.on_thread = on_thread
@@ -131,264 +166,162 @@ cdef class _MapStage:
         self.ordered = ordered
         self.depth = depth
         self._lock = threading.Lock()
-        self._cv = threading.Condition(threading.Lock())
-        self._threads = []
-        self.busy_since = []
-        self.busy_key = []
-        self.pending = {}
-        self.stop_k = NO_STOP
-        self.n_keys = -1
+        # Re-entrant: a signal handler may call close() while its thread holds it.
+        self._cv = threading.Condition(threading.RLock())
+        self.crew = _LoaderThreads(name, self._cv)
+        self.now = _EpochBatches(0, 0, None, None)
+        self.n_keys = KEYS_ANY
+        self.ahead = _Ahead(max_bytes)
+        self.gauge = _Gauge(name)
 
     # -- consumer side (the Loader, under the GIL) ---------------------------
 
     def set_auto(self, int max_threads, double cpus):
         """workers="auto": from one thread up to ``max_threads``, growing while
         that helps and less than ``cpus`` CPUs are busy."""
-        self.max_threads = max_threads
-        self.ceiling = max_threads
-        self.cpus = cpus
+        self.tuner = _Tuner(max_threads, cpus)
 
     def start_epoch(self, batches, Py_ssize_t epoch, Py_ssize_t n_keys, int threads,
-                    Py_ssize_t batch_rows):
-        """Begins an epoch over ``batches`` (an iterator of lists of keys) on
-        ``threads`` threads (auto: as many as the last epoch ended with); returns
-        its generation for _EpochSource."""
-        if self.max_threads:
+                    Py_ssize_t batch_rows, order=None, following=None):
+        """Begins epoch ``epoch`` over ``batches`` (an iterator of lists of
+        keys) on ``threads`` threads (auto: as many as the last epoch ended
+        with); returns the stage of its _Core. ``order`` names the epoch's
+        order where the loader gives it (None: not known ahead): the epoch
+        opened early is adopted when it is that one. ``following``, (order,
+        epoch, batches) of the epoch after it where known, opens once this
+        one has no batch left to open."""
+        cdef _EpochBatches e
+        if self.tuner is not None:
             threads = max(self.target, 1)
-            self.tune_t0 = 0   # the first batch of an epoch starts a window
+            self.tuner.restart()
+        self.gauge.restart(n_keys == KEYS_ANY)
         with self._cv:
-            self.gen += 1
-            self.epoch = epoch
-            self.batches = batches
-            self.exhausted = False
+            if self.closed:
+                raise ClosedError(f"loader {self.name!r} is closed")
+            self.now.drop()
+            e = self.after
+            if e is not None and e.adoptable(order):
+                self.after = None   # opened early: its batches are this epoch's first
+            else:
+                self._drop_after()
+                # No keys until every thread has started: they find the work at once.
+                e = _EpochBatches(self._new_gen(), epoch, order, None)
+            self.now = e
             self.n_keys = n_keys
-            self.cur = None
-            self.cur_row = 0
-            self.next_k = 0
-            self.taken = 0
-            self.stop_k = NO_STOP
-            self.pending = {}
-            self.epoch_failure = None
-            self._set_threads(threads, batch_rows)
+            if self.cur is not None and self.cur.gen != e.gen:
+                self.cur = None
+            self.ahead.new_epoch()
+            self.ahead.held_bytes = e.held()
+            # Per epoch, as the core's counters of the batches.
+            self.asm.new_epoch()
+        # Not under _cv: Thread.start() may run a signal handler that calls close().
+        self._set_threads(threads, batch_rows)
+        with self._cv:
+            if self.closed:   # by a signal handler inside Thread.start(), or another thread
+                raise ClosedError(f"loader {self.name!r} was closed while its epoch started")
+            if e is self.now:
+                if e.keys is None:
+                    e.keys = batches
+                if following is not None:
+                    self.after = _EpochBatches(self._new_gen(), following[1], following[0], following[2])
             self._cv.notify_all()
-        return self.gen
+        return _MapEpoch(self, e)
+
+    cdef unsigned long _new_gen(self):
+        self.last_gen += 1
+        return self.last_gen
+
+    def drop_following(self):
+        """The next epoch is not the one planned (set_epoch, load_state_dict):
+        what was opened of it early is dropped."""
+        with self._cv:
+            self._drop_after()
+            self._cv.notify_all()
+
+    cdef _drop_after(self):
+        cdef _EpochBatches a = self.after
+        if a is None:
+            return
+        self.after = None
+        self.ahead.release(a.held())
+        a.drop()
+        if self.cur is not None and self.cur.gen == a.gen:
+            self.cur = None
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows):
+        """``threads`` threads claim work (more may be parked: workers="auto");
+        the missing ones are started. Called without _cv or _lock held (see
+        _LoaderThreads.ensure)."""
         # Enough batches open for every thread to have a row, and one more
         # so that a thread finishing a batch finds the next one open.
         self.window = max(2, (threads + batch_rows - 1) // batch_rows + 1)
+        self.asm.keep_batches = self.window + self.depth + 2   # open, in the ring, held by the user
         self.target = threads
         self.rows = batch_rows
-        # Under _cv, as close() sets `closed`: no thread starts after close()
-        # listed the threads it joins.
-        while self.threads < threads and not self.closed:
-            wid = self.threads
-            self.busy_since.append(0)
-            self.busy_key.append(None)
-            t = threading.Thread(target=self._work, args=(wid,), name=f"{self.name}-w{wid}",
-                                 daemon=True)
-            self._threads.append(t)
-            self.threads += 1
-            t.start()
+        self.crew.ensure(threads, self)
 
-    def abandon(self, unsigned long gen):
-        """Ends epoch ``gen`` early (its core is closing): work of it is dropped."""
+    def set_lookahead(self, Py_ssize_t batches):
+        """At most ``batches`` batches of an epoch are opened and not yet taken
+        by the consumer (0: no cap beyond the window and the ring): a
+        framework loader's bound on work done ahead (workers times a
+        prefetch factor)."""
         with self._cv:
-            if gen == self.gen:
-                self.gen += 1
-                self.batches = None
-                self.cur = None
-                self.pending = {}
+            self.ahead.lookahead = max(batches, 0)
+            self._cv.notify_all()
+
+    def set_continue_after_failure(self, bint go_on):
+        """With ``go_on``, a batch whose sample or collate raised is that
+        batch's error and the epoch goes on with the next batch, as a
+        framework's loader does; the sampler's error and a thread's
+        worker_init error still end the epoch. Set between epochs."""
+        with self._cv:
+            self.go_on = go_on
+
+    def abandon(self, _EpochBatches e):
+        """Ends epoch ``e`` early (its core is closing): work of it is dropped
+        (not the next epoch's: it still follows)."""
+        with self._cv:
+            if e is self.now:
+                self.now = _EpochBatches(self._new_gen(), e.epoch, None, None)
+                if self.cur is not None and self.cur.gen == e.gen:
+                    self.cur = None
+            e.drop()
             self._cv.notify_all()
 
     def close(self, double grace=CLOSE_GRACE_S):
         """Stops and joins every thread (at most ``grace`` s in all); idempotent."""
-        cdef int64_t deadline
         with self._cv:
             self.closed = True
-            self.gen += 1
-            self.batches = None
+            self._drop_after()
+            self.now.drop()
+            self.now = _EpochBatches(self._new_gen(), self.now.epoch, None, None)
             self.cur = None
-            self.pending = {}
             self._cv.notify_all()
-        deadline = pf_now_ns() + <int64_t>(grace * 1e9)
-        me = threading.current_thread()
-        stuck = []
-        for t in self._threads:
-            if t is not me:
-                t.join(max(0.0, (deadline - pf_now_ns()) / 1e9))
-                if t.is_alive():
-                    stuck.append(t.name)
-        self._threads = []
-        if stuck:
-            _warn.warn(f"loader {self.name!r}: threads {stuck} are still inside the dataset after "
-                       f"{grace} s; they are left as daemon threads and exit when it returns",
-                       RuntimeWarning)
+        self.crew.close(grace)
+        self.asm.close()
 
     def stats(self):
+        """The stage's fields of Stats, over every epoch."""
         return dict(workers=self.target, load_s=self.load_ns / 1e9, loader_idle_s=self.idle_ns / 1e9,
-                    samples=self.samples, bytes_collated=self.bytes_collated)
+                    samples=self.samples, tune_reason="" if self.tuner is None else self.tuner.reason,
+                    **self.gauge.counts(), **self.asm.counts())
+
+    @property
+    def threads(self):
+        """Thread numbers in use."""
+        return self.crew.count
 
     def describe(self):
         """What the threads are doing, for a TimeoutError."""
-        cdef int64_t now = pf_now_ns()
-        busy = [f"thread {self.name}-w{w} inside load({self.busy_key[w]!r}) for "
-                f"{(now - self.busy_since[w]) / 1e9:.1f} s"
-                for w in range(self.threads) if self.busy_since[w]]
-        return ("waiting for its loader threads: " + ("; ".join(busy) if busy else "none is loading"))
+        return "waiting for its loader threads: " + self.crew.describe()
 
-    # -- the fetch thread ----------------------------------------------------
-
-    cdef object next_batch(self, unsigned long gen):
-        """The next batch of epoch ``gen`` (in order, or the first complete
-        one); StopIteration at its end; _Noted(error) in its place."""
-        cdef _Batch b = None
-        cdef int64_t t0
-        while True:
-            if self.closed or gen != self.gen:
-                raise _Closing()
-            if self.ordered:
-                found = self.pending.get(self.taken)
-                if found is not None and (<_Batch>found).complete:
-                    b = <_Batch>found
-            else:
-                for found in self.pending.values():
-                    if (<_Batch>found).complete and (b is None or (<_Batch>found).k < b.k):
-                        b = <_Batch>found
-            if b is not None:
-                break
-            if self.exhausted and not self.pending or self.stop_k <= self.taken:
-                if self.epoch_failure is not None:
-                    # Raised once, and not kept: the stage outlives the consumer's
-                    # frames, which the error's traceback holds (the finalizer's
-                    # registry keeps the stage, so a kept error keeps them forever).
-                    failure, self.epoch_failure = self.epoch_failure, None
-                    raise _Noted(failure)
-                raise StopIteration
-            t0 = pf_now_ns()
-            with self._cv:
-                if gen == self.gen and not self.closed:
-                    self._cv.wait(WAIT_SLICE_S)
-            self.wait_ns += pf_now_ns() - t0
-        del self.pending[b.k]
-        self.taken += 1
-        if self.max_threads:
-            self._tune()
+    cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes):
+        """The consumer took a batch of epoch ``e``: no longer held ahead."""
         with self._cv:
-            self._cv.notify_all()   # room in the window (and parked threads' turn)
-        if b.failure is not None:
-            self.stop_k = min(self.stop_k, self.taken)
-            failure, b.failure = b.failure, None   # not kept: as epoch_failure above
-            raise _Noted(failure)
-        if self.mode == M_STACK:
-            return _unflatten(b.nodes, [(<_Column>c).result() for c in b.cols])
-        result = b.result
-        b.result = None
-        return result
-
-    cdef _tune(self):
-        """workers="auto", after each batch taken (fetch thread, GIL held)."""
-        cdef int64_t now = pf_now_ns(), elapsed
-        cdef double rate, waited, busy
-        cdef int grown
-        if self.tune_t0 == 0:
-            self._new_window(now)
-            return
-        self.tune_batches += 1
-        elapsed = now - self.tune_t0
-        if self.tune_batches < 3 or elapsed < 50 * 1000 * 1000:
-            return
-        rate = (self.samples - self.tune_samples0) / (elapsed / 1e9)
-        waited = (self.wait_ns - self.tune_wait0) / <double>elapsed
-        busy = (time.process_time() - self.tune_cpu0) / (elapsed / 1e9)
-        self._new_window(now)
-        if self.trial_from:
-            if rate < 1.05 * self.trial_rate:
-                # No measured gain: back, and no trial above it for a while
-                # (a GIL-bound dataset, or the CPUs were already full).
-                self.ceiling = self.trial_from
-                self.retry = 50
-                self._set_threads(self.trial_from, self.rows)
-            self.trial_from = 0
-            return
-        if self.retry:
-            self.retry -= 1
-            if not self.retry:
-                self.ceiling = self.max_threads
-        if waited > 0.1 and self.target < self.ceiling and busy < self.cpus - 0.25:
-            self.trial_from = self.target
-            self.trial_rate = rate
-            grown = min(self.ceiling, 2 * self.target)
-            with self._cv:
-                self._set_threads(grown, self.rows)
-
-    cdef _new_window(self, int64_t now):
-        self.tune_t0 = now
-        self.tune_batches = 0
-        self.tune_samples0 = self.samples
-        self.tune_wait0 = self.wait_ns
-        self.tune_cpu0 = time.process_time()
+            self.ahead.consumed(e is self.now, nbytes)
+            self._cv.notify_all()
 
     # -- loader threads ------------------------------------------------------
-
-    def _work(self, int wid):
-        cdef _Batch b
-        cdef Py_ssize_t row = 0
-        cdef int64_t t0
-        cdef Py_ssize_t epoch = self.epoch
-        cdef CopyPlan plan = CopyPlan.__new__(CopyPlan)
-        plan._trusted = True   # the walk only takes samples apart
-        _tls.info = WorkerInfo(wid, self.target, self.seed, epoch)
-        try:
-            failed = False
-            try:
-                for apply in self.on_thread:
-                    apply()
-                if self.worker_init is not None:
-                    self.worker_init(wid)
-            except BaseException as exc:
-                self._fail_thread(wid, exc)
-                failed = True
-            if failed:
-                # Woken only now that this frame holds the error no more: the
-                # consumer's frames join its traceback once it is raised there.
-                self._wake_all()
-                return
-            while True:
-                b = self._claim(wid, &row)
-                if b is None:
-                    return
-                key = b.keys[row]
-                if epoch != self.epoch:
-                    epoch = self.epoch
-                    _tls.info = WorkerInfo(wid, self.target, self.seed, epoch)
-                if b.k >= self.stop_k:
-                    self._row_done(b)   # an earlier batch failed: this one is never taken
-                    continue
-                # sample_rng's index: the dataset index, or the item's position for map
-                _tls.sample = (self.seed, epoch, key if self.n_keys >= 0 else b.k)
-                t0 = pf_now_ns()
-                self.busy_since[wid] = t0
-                self.busy_key[wid] = key
-                sample = None
-                try:
-                    if self.n_keys >= 0:
-                        self._check_key(key)
-                    sample = self.load(key)
-                except BaseException as exc:
-                    self._row_failed(b, row, key, wid, exc, "loading")
-                self.load_ns += pf_now_ns() - t0
-                self.busy_since[wid] = 0
-                _tls.sample = None
-                if b.failure is None and b.gen == self.gen:
-                    try:
-                        self._take_sample(b, row, sample, plan)
-                    except BaseException as exc:
-                        self._row_failed(b, row, key, wid, exc, "collating")
-                sample = None   # before the next load: a dataset may check its buffer is free
-                self._row_done(b)
-        finally:
-            _tls.info = None
 
     cdef _Batch _claim(self, int wid, Py_ssize_t *row):
         """The batch and row this thread loads next, in sampler order; None once
@@ -404,153 +337,75 @@ cdef class _MapStage:
                     if not self.closed and wid >= self.target:
                         self._cv.wait(WAIT_SLICE_S)
                 continue
-            if b is not None and self.cur_row < b.n and b.gen == self.gen:
+            if b is not None and self.cur_row < b.n and self.epoch_of(b) is not None:
                 row[0] = self.cur_row
                 self.cur_row += 1
                 return b
-            if self._may_open():
+            if self._to_open() is not None:
                 self._open_batch()
                 continue
             t0 = pf_now_ns()
             with self._cv:
-                if not self.closed and not self._may_open() and (
-                        self.cur is None or self.cur_row >= self.cur.n or self.cur.gen != self.gen):
+                if not self.closed and self._to_open() is None and (
+                        self.cur is None or self.cur_row >= self.cur.n or self.epoch_of(self.cur) is None):
                     self._cv.wait(WAIT_SLICE_S)
             self.idle_ns += pf_now_ns() - t0
 
-    cdef bint _may_open(self):
-        return (self.batches is not None and not self.exhausted and self.next_k < self.stop_k
-                and self.next_k - self.taken < self.window)
+    cdef _EpochBatches _to_open(self):
+        """The epoch whose next batch may open now: the current one, or once
+        it has none left to open, the next one, beside it within the window
+        and the bounds; None."""
+        cdef _EpochBatches e = self.now, a = self.after
+        cdef size_t nbytes = self.asm.max_batch_bytes
+        if e.may_open():
+            if e.open_count() < self.window and self.ahead.has_room(e.next_k, nbytes):
+                return e
+        elif (e.exhausted and a is not None and a.may_open()
+                and e.open_count() + a.next_k < self.window and self.ahead.has_room(e.next_k + a.next_k, nbytes)):
+            return a
+        return None
+
+    cdef _EpochBatches epoch_of(self, _Batch b):
+        """The epoch ``b`` is of; None once that one is dropped."""
+        if b.gen == self.now.gen:
+            return self.now
+        if self.after is not None and b.gen == self.after.gen:
+            return self.after
+        return None
 
     cdef _open_batch(self):
-        cdef _Batch b
-        cdef unsigned long gen
-        cdef bint failed = False
+        cdef _EpochBatches e
         with self._lock:   # one thread reads the sampler at a time
-            if not self._may_open() or (self.cur is not None and self.cur_row < self.cur.n
-                                        and self.cur.gen == self.gen):
-                return     # another thread opened one meanwhile
-            gen = self.gen
-            k = self.next_k
-            try:
-                keys = list(next(self.batches))
-                if not keys:
-                    raise ValueError(f"the batch sampler yielded an empty batch (batch {k})")
-            except StopIteration:
-                if gen == self.gen:
-                    self.exhausted = True
-                    with self._cv:
-                        self._cv.notify_all()
-                return
-            except BaseException as exc:
-                if gen == self.gen:
-                    _add_note(exc, f"raised by the sampler of loader {self.name!r} while giving the "
-                                   f"indices of batch {k + 1} (counted from 1)")
-                    self.epoch_failure = exc
-                    self.stop_k = min(self.stop_k, k)
-                failed = True
-            if failed:
-                self._wake_all()   # once this frame holds the error no more (see _work)
-                return
-            if gen != self.gen:
-                return     # the epoch ended while the sampler ran
-            b = _Batch.__new__(_Batch)
-            b.k = k
-            b.n = len(keys)
-            b.gen = gen
-            b.keys = keys
-            if self.mode == M_CUSTOM:
-                b.samples = [None] * b.n
-            self.pending[k] = b
-            self.next_k = k + 1
-            self.cur = b
-            self.cur_row = 0
+            e = self._to_open()
+            if e is not None and not (self.cur is not None and self.cur_row < self.cur.n
+                                      and self.epoch_of(self.cur) is not None):
+                e.open_batch(self)   # (else another thread opened one meanwhile)
 
-    cdef _check_key(self, key):
-        if isinstance(key, bool) or not isinstance(key, int):
-            try:
-                key = operator.index(key)   # a numpy or framework integer
-            except TypeError:
-                raise TypeError(f"the sampler yielded {key!r} ({type(key).__name__}); a sample index "
-                                "must be an int") from None
-        if not 0 <= key < self.n_keys:
-            raise IndexError(f"the sampler yielded index {key}, out of range for a dataset of "
-                             f"length {self.n_keys}")
-
-    cdef _take_sample(self, _Batch b, Py_ssize_t row, object sample, CopyPlan plan):
-        cdef list leaves
-        cdef Py_ssize_t at
-        cdef bint first = False, flat = False
-        if self.mode == M_SINGLE:
-            b.result = sample if self.collate is None else self.collate(sample)
-            return
-        if self.mode == M_CUSTOM:
-            b.samples[row] = sample
-            return
-        leaves = _flat_leaves(sample)
-        flat = leaves is not None
-        if flat:
-            # The common sample, (image, label): its structure without a walk.
-            nodes = [(K_TUPLE if type(sample) is tuple else K_LIST, None, len(leaves))]
-            nodes.extend([None] * len(leaves))
-        else:
-            leaves = []
-            nodes = _flatten(sample, plan, leaves)
-        if b.cols is None:
-            with self._lock:
-                if b.cols is None:
-                    cols = _make_columns(self.pool, b.n, leaves, nodes)
-                    b.nodes = nodes
-                    b.cols = cols
-                    first = True
-                    self._keep_blocks(cols)
-        if not first and not (flat and len(b.nodes) == len(nodes) and b.nodes[0] == nodes[0]):
-            # (A flat sample has the batch's structure when the root and the
-            # count agree: each child of the root is then a leaf.)
-            at = _tree_differs(b.nodes, nodes)
-            if at >= 0:
-                where = _node_paths(nodes, "sample")[at] if at < len(nodes) else "sample"
-                raise ValueError(f"the sample's structure differs from the batch's first sample at "
-                                 f"{where}: every sample of a batch must have the same structure")
-        self.bytes_collated += _fill_row(b.cols, leaves, row, b.nodes)
-
-    cdef _keep_blocks(self, list cols):
-        """Let the pool keep free blocks for the batches in flight (open in
-        the window, in the ring, a few held by the user), twice over for mixed
-        sizes, so that a steady state allocates nothing (as _Core._copy_batch)."""
-        cdef size_t nbytes = 0
-        for col in cols:
-            if (<_Column>col).kind != C_LIST and isinstance((<_Column>col).out, cnp.ndarray):
-                nbytes += <size_t>cnp.PyArray_NBYTES(<cnp.ndarray>(<_Column>col).out)
-        if nbytes > self.max_batch_bytes and self.pool.p != NULL:
-            self.max_batch_bytes = nbytes
-            pf_pool_set_keep(self.pool.p, 2 * (self.window + self.depth + 2) * nbytes)
+    cdef _laid_out(self, _Batch b, size_t nbytes):
+        """``b``'s layout is known: its bytes replace the estimate held for it."""
+        with self._cv:
+            if self.epoch_of(b) is not None:
+                self.ahead.release(b.held)
+                self.ahead.held_bytes += nbytes
+            b.held = nbytes
 
     cdef _row_failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what):
-        try:
-            _add_note(exc, f"raised in loader thread {self.name}-w{wid} while {what} sample {key!r}, "
-                           f"row {row + 1} of batch {b.k + 1} (counted from 1)")
-        except Exception:
-            pass   # an exception type that refuses notes is still delivered
-        if b.failure is None or row < b.fail_row:
-            b.failure = exc
-            b.fail_row = row
-        if b.gen == self.gen:
-            self.stop_k = min(self.stop_k, b.k + 1)
+        cdef _EpochBatches e = self.epoch_of(b)
+        self.asm.fail(b, row, wid, exc, what)
+        if e is not None and not self.go_on:
+            e.stop_after(b)   # no batch after it opens
 
     cdef _row_done(self, _Batch b):
+        cdef _EpochBatches e
         b.done += 1
         self.samples += 1
         if b.done < b.n:
             return
-        if self.mode == M_CUSTOM and b.failure is None and b.gen == self.gen:
-            try:
-                b.result = self.collate(b.samples)
-            except BaseException as exc:
-                _add_note(exc, f"raised by the collate function of loader {self.name!r} on batch "
-                               f"{b.k + 1} (counted from 1)")
-                b.failure = exc
-            b.samples = None
+        e = self.epoch_of(b)
+        if e is not None:
+            self.asm.finish(b)
+            if b.failure is not None and not self.go_on:
+                e.stop_after(b)
         b.complete = True
         with self._cv:
             self._cv.notify_all()
@@ -559,45 +414,118 @@ cdef class _MapStage:
         """worker_init raised: the epoch ends with its error (the caller wakes
         the fetch thread once it no longer holds the error)."""
         _add_note(exc, f"raised while starting loader thread {self.name}-w{wid} (worker_init({wid}))")
-        self.epoch_failure = exc
-        self.stop_k = min(self.stop_k, self.taken)
+        self.now.failure = exc
+        self.now.stop_k = min(self.now.stop_k, self.now.taken)
 
     cdef _wake_all(self):
         with self._cv:
             self._cv.notify_all()
 
 
-cdef list _flat_leaves(object sample):
-    """The items of a tuple or list sample when each is an array, a number, a
-    str or None (leaves the walk would pass or stack as they are); else None."""
-    cdef type t = type(sample)
-    if t is not tuple and t is not list:
-        return None
-    for x in sample:
-        t = type(x)
-        if not (t is cnp.ndarray or t is int or t is float or t is str or t is bool or x is None):
-            return None
-    return list(sample)
-
-
 @cython.final
-cdef class _EpochSource:
-    """One epoch of a _MapStage, as the source of a _Core."""
+cdef class _MapEpoch(_Stage):
+    """One epoch of a _MapStage, as the stage of that epoch's _Core."""
     cdef _MapStage stage
-    cdef unsigned long gen
+    cdef _EpochBatches e           # its batches (_epoch_batches.pxi)
+    # ordered=False: the numbers of the batches published, in the ring's
+    # order, so that the first `consumed` of them are those delivered (a
+    # Loader's state_dict()); empty when ordered.
+    cdef readonly list order
 
-    def __cinit__(self, _MapStage stage, unsigned long gen):
+    def __cinit__(self, _MapStage stage, _EpochBatches e):
         self.stage = stage
-        self.gen = gen
+        self.e = e
+        self.order = []
 
-    def __iter__(self):
-        return self
+    cdef int produce(self, _Parts parts) except -1:
+        """The next batch of this epoch (in order, or the first complete one)
+        into ``parts``; P_END at its end; P_FAILED with the error in
+        self.failure; P_STOPPED once the epoch was abandoned or the stage closed."""
+        cdef _MapStage st = self.stage
+        cdef _EpochBatches e = self.e
+        cdef _Batch b = None
+        cdef int64_t t0
+        cdef Py_ssize_t i
+        while True:
+            if st.closed or e is not st.now:
+                return P_STOPPED
+            if st.ordered:
+                found = e.pending.get(e.taken)
+                if found is not None and (<_Batch>found).complete:
+                    b = <_Batch>found
+            else:
+                for found in e.pending.values():
+                    # A batch at or past stop_k had rows skipped (an earlier one failed): never handed out.
+                    if ((<_Batch>found).complete and (<_Batch>found).k < e.stop_k
+                            and (b is None or (<_Batch>found).k < b.k)):
+                        b = <_Batch>found
+            if b is not None:
+                break
+            if e.exhausted and not e.pending or e.stop_k <= e.taken:
+                if e.failure is not None:
+                    # Handed on once, and not kept: the stage outlives the
+                    # consumer's frames, which the error's traceback holds.
+                    self.failure, e.failure = e.failure, None
+                    return P_FAILED
+                return P_END
+            t0 = pf_now_ns()
+            with st._cv:
+                if e is st.now and not st.closed:
+                    st._cv.wait(WAIT_SLICE_S)
+            st.wait_ns += pf_now_ns() - t0
+        del e.pending[b.k]
+        e.taken += 1
+        with st._cv:
+            st._cv.notify_all()   # room in the window
+        _after_batch(st)          # after: the gauge's probe watches the threads at work
+        if b.failure is not None:
+            if not st.go_on:
+                e.stop_k = min(e.stop_k, e.taken)
+            self.failure, b.failure = b.failure, None   # not kept: as the epoch's failure above
+            with st._cv:
+                st.ahead.release(b.held)
+            return P_BATCH_FAILED if st.go_on else P_FAILED
+        if not st.ordered:
+            self.order.append(b.k)
+        if st.mode == M_STACK:
+            # The collated columns are the batch's leaves; only lists of
+            # other objects stay on the host.
+            parts.nodes = b.nodes
+            parts.leaves = [(<_Column>c).result() for c in b.cols]
+            parts.deliver = [i for i in range(len(b.cols)) if (<_Column>b.cols[i]).kind != C_LIST]
+            parts.nbytes = b.held
+            return P_BATCH
+        st.asm.taken(b)
+        own = b.parts
+        b.parts = None
+        parts.nodes, parts.leaves, parts.deliver, parts.nbytes = own.nodes, own.leaves, own.deliver, own.nbytes
+        return P_BATCH
 
-    def __next__(self):
-        return self.stage.next_batch(self.gen)
+    cdef void taken(self, uint64_t nbytes):
+        if self.stage.ahead.bounded():
+            self.stage.taken_by_consumer(self.e, nbytes)
+
+    cdef int before_take(self) except -1:
+        note = self.stage.gauge.take_notice()
+        if note is not None:
+            _warn.warn(note, GILBoundWarning)   # at the user's line; nothing is taken yet
+        return 0
+
+    cdef bint on_own_thread(self):
+        return getattr(_tls, "stage", None) is self.stage
+
+    def stop(self):
+        self.stage.abandon(self.e)
+
+    def doing(self):
+        return self.stage.describe()
+
+    def counts(self):
+        return self.stage.stats()
 
 
 # For prefetch/loader.py: what the stage does with samples.
 MAP_STACK = M_STACK
 MAP_CUSTOM = M_CUSTOM
 MAP_SINGLE = M_SINGLE
+MAP_KEYS_UNCHECKED = KEYS_UNCHECKED

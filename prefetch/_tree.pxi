@@ -1,11 +1,12 @@
 # _tree.pxi (included by _core.pyx): a batch's structure.
 #
 # _flatten walks a batch iteratively (no recursion: a deep batch cannot
-# overflow the fetch thread's C stack), hands each leaf to the CopyPlan and
-# records the containers as preorder nodes; _unflatten rebuilds the same
-# containers around the new leaves. Registered leaf and container types come
-# from prefetch.adapters; the core itself knows only numpy and the builtins.
-# Fetch thread only (and the registry functions, under the GIL).
+# overflow a thread's C stack), hands each leaf to a _LeafSink (the copy plan
+# of _copy.pxi, or none: the leaf as it is) and records the containers as
+# preorder nodes; _unflatten rebuilds the same containers around the new
+# leaves. Registered leaf and container types come from prefetch.adapters;
+# the core itself knows only numpy and the builtins. Any thread holding the
+# GIL: the publisher, a loader thread taking a sample apart.
 #
 # A container is rebuilt exactly (SPEC §3: same structure and types, nothing
 # shared): a subclass of tuple/list/dict, or a dataclass, is allocated with
@@ -213,7 +214,17 @@ cdef inline tuple _kind_of(type t):
     return <tuple>found
 
 
-cdef list _flatten(object tree, CopyPlan plan, list leaves):
+cdef class _LeafSink:
+    """What _flatten hands each leaf to; this base keeps the leaf as it is."""
+
+    cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index):
+        return obj
+
+
+cdef _LeafSink _AS_IS = _LeafSink.__new__(_LeafSink)
+
+
+cdef list _flatten(object tree, _LeafSink plan, list leaves):
     """Preorder nodes of ``tree``; appends plan._leaf(leaf) of every leaf to ``leaves``."""
     cdef list nodes = []
     cdef list todo = [tree]
@@ -442,22 +453,3 @@ cdef str _cycle_message(list nodes, list path, object obj):
     ancestor = "batch" + "".join(where[:j + 1])
     return (f"the batch contains itself: {here} is the same {type(obj).__name__} as "
             f"{ancestor} (its own ancestor); a batch must be a tree")
-
-
-
-def _walk(tree, Py_ssize_t times=1):
-    """The batch ``tree`` taken apart and rebuilt ``times`` times, as the fetch
-    thread does, for bench/bench_tree.py (the walk alone cannot be timed through
-    Prefetcher). Array leaves need a prefetcher's pool: TypeError here."""
-    cdef CopyPlan plan = CopyPlan.__new__(CopyPlan)
-    cdef list leaves
-    cdef Py_ssize_t i
-    plan._reset()
-    out = None
-    for i in range(times):
-        leaves = []
-        try:
-            out = _unflatten(_flatten(tree, plan, leaves), leaves)
-        except _Closing:
-            raise TypeError("_walk takes batches without array leaves") from None
-    return out

@@ -11,20 +11,50 @@ class ClosedError(RuntimeError):
     """
 
 
+class GILBoundWarning(UserWarning):
+    """A loader's threads took turns inside ``dataset[i]`` (or map's function):
+    it holds the GIL, so they did not run it in parallel. Given once per
+    loader, where the process may use two CPUs or more.
+
+    Attributes
+    ----------
+    parallelism : float
+        How many threads ran it at a time, on average (as
+        ``Stats.load_parallelism``, over the windows that showed it).
+    wait_share : float
+        The share of the threads' time inside it spent waiting for each other.
+    threads, cpus : int
+        The loader's threads then, and the CPUs the process may use.
+    speedup : float or None
+        With ``workers="auto"``: the measured speed of the thread count it
+        tried over the count it kept; None otherwise.
+    """
+
+    parallelism: float = 0.0
+    wait_share: float = 0.0
+    threads: int = 0
+    cpus: int = 0
+    speedup: "float | None" = None
+
+
 @dataclass(frozen=True)
 class Stats:
-    """A snapshot of a prefetcher's counters, taken by ``Prefetcher.stats()``.
+    """A snapshot of a prefetcher's counters, taken by ``Prefetcher.stats()``
+    (or ``Loader.stats()``). The batch counters (``produced`` to
+    ``bytes_handed_over``) count the current epoch; the thread counters
+    (``samples``, ``load_s``, ``loader_idle_s``, ``bytes_collated``) and the
+    pool's count every epoch.
 
     Attributes
     ----------
     produced, consumed : int
-        Batches published by the fetch thread / handed to the consumer.
+        Batches of the current epoch published ahead / handed to the consumer.
     bytes_copied : int
         Bytes of array data copied into pooled memory.
     consumer_wait_s : float
         Time the consumer spent waiting for a batch (the producer is the bottleneck).
     producer_wait_s : float
-        Time the fetch thread spent waiting for room (the consumer is the bottleneck).
+        Time the publisher thread spent waiting for room (the consumer is the bottleneck).
     fill, peak_fill : int
         Batches ready now / at most so far; never above ``depth``.
     depth : int
@@ -39,7 +69,8 @@ class Stats:
         the prefetcher could reach them (``copy="auto"``).
         ``max_bytes`` counts these bytes as well as the copied ones.
     workers : int
-        Loader threads in use (a ``Loader`` or ``map``; 0 for a ``Prefetcher``).
+        Threads at work: a ``Loader``'s or ``map``'s loader threads, a
+        ``Prefetcher``'s copy threads.
     samples : int
         Samples a loader's threads have finished, over every epoch.
     load_s : float
@@ -49,18 +80,40 @@ class Stats:
         summed over threads.
     bytes_collated : int
         Bytes the default collate copied into batch rows.
+    load_parallelism : float
+        How many loader threads ran ``dataset[i]`` (or map's function) at a
+        time, on average over the time the epochs ran: the threads inside it
+        (``load_s`` per second), less the time they waited for each other.
+        Near the thread count where they run in parallel (I/O, numpy,
+        decoders that release the GIL); near 1 where ``dataset[i]`` holds the
+        GIL, however many threads there are; below the count where the
+        consumer is the bottleneck (the threads wait for room). 0.0 before
+        the first measurement (windows of 50 ms).
+    load_wait_share : float
+        The share of the threads' time inside ``dataset[i]`` spent waiting for
+        each other: for the GIL, while some thread held it for long stretches
+        (running Python code). About 1 - 1/threads for a pure-Python
+        ``dataset[i]``; 0 where the threads run in parallel.
+    tune_reason : str
+        With ``workers="auto"``, why the thread count is not growing now:
+        ``"growing"`` (a trial of twice the threads runs), ``"consumer-bound"``
+        (the consumer did not wait for batches), ``"no gain"`` (the last
+        trial of more threads was not faster), ``"serialized"`` (that trial
+        was not faster because the threads took turns on the GIL),
+        ``"cpus busy"`` (the process uses its CPUs), ``"thread limit"``;
+        ``""`` before the first measurement and with a fixed ``workers``.
     """
 
-    produced: int
-    consumed: int
-    bytes_copied: int
-    consumer_wait_s: float
-    producer_wait_s: float
-    fill: int
-    peak_fill: int
-    depth: int
-    blocks_allocated: int
-    blocks_reused: int
+    produced: int = 0
+    consumed: int = 0
+    bytes_copied: int = 0
+    consumer_wait_s: float = 0.0
+    producer_wait_s: float = 0.0
+    fill: int = 0
+    peak_fill: int = 0
+    depth: int = 0
+    blocks_allocated: int = 0
+    blocks_reused: int = 0
     leaves_copied: int = 0
     leaves_handed_over: int = 0
     bytes_handed_over: int = 0
@@ -69,6 +122,9 @@ class Stats:
     load_s: float = 0.0
     loader_idle_s: float = 0.0
     bytes_collated: int = 0
+    load_parallelism: float = 0.0
+    load_wait_share: float = 0.0
+    tune_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,3 +147,9 @@ class WorkerInfo:
     num_workers: int
     seed: int
     epoch: int
+
+
+# Shown (type reprs, tracebacks, pickles) under the names users import them by.
+for _cls in (ClosedError, GILBoundWarning, Stats, WorkerInfo):
+    _cls.__module__ = "prefetch"
+del _cls

@@ -83,7 +83,7 @@ def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
         it as in a batch. ``plan.device`` is the prefetcher's
         :class:`Delivery`, or None.
     exclusive : callable(leaf) -> bool, optional
-        Asked (fetch thread, GIL held) only about a leaf the core has already
+        Asked (on the thread that copies the batch, GIL held) only about a leaf the core has already
         proven that nothing but the batch references (with ``copy="auto"``);
         return ``True`` (exactly) only when the leaf's memory is reachable
         through that object alone (no view, base, shared storage, export or
@@ -147,12 +147,12 @@ _thread_states: list[Callable[[], Optional[Callable[[], None]]]] = []
 
 
 def register_thread_state(capture: Callable[[], Optional[Callable[[], None]]]) -> None:
-    """Carry a framework's per-thread settings over to the fetch thread.
+    """Carry a framework's per-thread settings over to the publisher and loader threads.
 
     ``capture()`` runs in every ``Prefetcher`` constructor, on the thread that
     makes it, and returns None (nothing to carry) or ``apply``; the
-    prefetcher's fetch thread calls ``apply()`` before its first
-    ``next(source)``, so the source runs, and its batches are copied, in the
+    prefetcher's publisher thread (and each loader thread) calls ``apply()``
+    before its first ``next(source)`` (or ``dataset[i]``), so the source runs, and its batches are copied, in the
     settings they would have without a prefetcher (e.g. modes a framework
     keeps per thread, which a new thread starts without). An exception from
     ``apply`` is raised in the consumer, as one from the source would be.

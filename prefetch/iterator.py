@@ -1,63 +1,21 @@
 """``Prefetcher``: the user-facing iterator over the compiled core.
 
 This layer owns what users touch: argument checks, ``repr``, the context
-manager and the finalizer. The fetch thread references only the inner
+manager and the finalizer. The publisher thread references only the inner
 ``_Core``, so dropping the last reference to a ``Prefetcher`` runs its
 finalizer at once, which closes the core and joins the thread.
 """
 from __future__ import annotations
 
-import itertools
-import math
-import numbers
 import threading
 from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Optional, Sized, TypeVar
 
 from prefetch import adapters
-from prefetch._core import _Core, _Pool
+from prefetch._core import _batch_copy, _Core, _fetch_stage, _Pool
 from prefetch._lifecycle import _Lifecycle
+from prefetch._options import Options
 
-_names = itertools.count(1)
 T = TypeVar("T")
-
-
-# Upper bounds: a ring slot per depth, a thread per worker; past these a
-# value is a mistake, not a configuration.
-MAX_DEPTH = 1 << 20
-MAX_WORKERS = 256
-MAX_BYTES = (1 << 63) - 1
-
-
-def _check_int(arg: str, value: Any, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{arg} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
-    number = int(value)
-    if not minimum <= number <= maximum:
-        raise ValueError(f"{arg} must be an int >= {minimum} and <= {maximum}, got {value!r}")
-    return number
-
-
-COPY_MODES = ("auto", "always")
-
-
-def _check_copy(value: Any) -> bool:
-    """True when leaves may be handed over (copy="auto")."""
-    if not isinstance(value, str):
-        raise TypeError(f"copy must be 'auto' or 'always', got {value!r} ({type(value).__name__})")
-    if value not in COPY_MODES:
-        raise ValueError(f"copy must be 'auto' or 'always', got {value!r}")
-    return value == "auto"
-
-
-def _check_timeout(value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds or None, got {value!r} ({type(value).__name__})")
-    seconds = float(value)
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {value!r}")
-    return seconds
 
 
 class Prefetcher(_Lifecycle, Generic[T]):
@@ -132,34 +90,36 @@ class Prefetcher(_Lifecycle, Generic[T]):
         # for a signal handler that calls iter() inside iter().
         self._epoch_lock = threading.RLock()
         self._closing = False   # close() was called: an epoch starting meanwhile closes too
-        depth = _check_int("depth", depth, 1, MAX_DEPTH)
-        workers = _check_int("workers", workers, 1, MAX_WORKERS)
-        self._timeout = _check_timeout(timeout)
-        cap = 0 if max_bytes is None else _check_int("max_bytes", max_bytes, 1, MAX_BYTES)
-        handover = _check_copy(copy)
-        if name is None:
-            name = f"prefetch-{next(_names)}"
-        elif not isinstance(name, str):
-            raise TypeError(f"name must be a str or None, got {name!r} ({type(name).__name__})")
+        self._options = Options.check("prefetch", name=name, depth=depth, workers=workers,
+                                      max_bytes=max_bytes, timeout=timeout, copy=copy)
+        self._timeout = self._options.timeout
         try:
             iterator = iter(source)
         except TypeError:
             raise TypeError(f"source must be iterable, got {source!r} ({type(source).__name__})") from None
         # Validated once, here, by the adapter that owns the device's type.
-        delivery = None if device is None else adapters._open_device(device)
-        # The frameworks' per-thread settings of this thread, for every epoch's fetch thread.
+        self._delivery = None if device is None else adapters._open_device(device)
+        # The frameworks' per-thread settings of this thread, for every epoch's publisher thread.
         self._thread_states = adapters._capture_thread_states()
         # A re-iterable source is kept for later epochs and len(); a one-shot
         # iterator is not (it would keep its last batch alive after close()).
         self._source: Optional[Iterable[T]] = None if iterator is source else source
-        pool = _Pool()   # shared by the epochs: a new epoch reuses warm blocks
-        self._owned = (pool,) if delivery is None else (delivery, pool)
-        self._options = (depth, workers, cap, name, delivery, handover, pool)
+        o = self._options
+        assert o.workers is not None
+        # Shared by the epochs: a new epoch reuses warm blocks and the copy threads.
+        self._pool = _Pool()
+        self._copy = _batch_copy(self._pool, o.workers, o.handover, self._delivery, o.depth)
+        # Closed after the epoch's core, in this order: what was copied is
+        # released (the adapters' hooks), then the device, then the memory.
+        self._owned = tuple(x for x in (self._copy, self._delivery, self._pool) if x is not None)
         self._remember_caller()
         self._start(iterator)
 
     def _start(self, iterator: Iterator[T]) -> None:
-        self._install(_Core(iterator, *self._options), self._thread_states)
+        o = self._options
+        stage = _fetch_stage(iterator, self._copy, o.name)
+        self._install(_Core(stage, delivery=self._delivery, pool=self._pool, **o.core()),
+                      self._thread_states)
 
     def __iter__(self) -> "Prefetcher[T]":
         core = self._core

@@ -2,18 +2,17 @@
 
 ``dataset[i]`` (or ``fn(item)``) runs on several threads at once; with the
 default collate each sample is copied straight into its row of a pooled batch
-block by the thread that loaded it, and whole batches reach the consumer
-through the same compiled ring, consumer side and lifecycle as
-``Prefetcher``'s (the stage is in ``_map.pxi``, the collate in
-``_collate.pxi``).
+block by the thread that loaded it. A Loader is an iterable: ``iter(loader)``
+starts an epoch, the stage of a new compiled ``_Core`` (the map stage is in
+``_map.pxi``, the collate in ``_collate.pxi``), and returns its iterator.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-import numbers
 import os
+import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Optional, Sized, TypeVar
 
 import numpy as np
@@ -24,52 +23,30 @@ from prefetch._core import (
     MAP_SINGLE,
     MAP_STACK,
     _Core,
-    _EpochSource,
+    _fork_epoch,
+    _Iterator,
     _MapStage,
     _Pool,
     sample_rng,
     worker_info,
 )
 from prefetch._lifecycle import _Lifecycle
+from prefetch._options import (
+    AUTO_MAX_THREADS,
+    MAX_EPOCH,
+    Options,
+    check_batch_size,
+    check_bool,
+    check_callable,
+    check_int,
+    usable_cpus,
+)
+from prefetch._resume import STATE_FORMAT, STATE_VERSION, _Record, _Resume, _skipping, check_state
 from prefetch._types import ClosedError, Stats
-from prefetch.iterator import MAX_BYTES, MAX_DEPTH, MAX_WORKERS, _check_int, _check_timeout, _names
 
 __all__ = ["Loader", "map", "sample_rng", "worker_info"]
 
 T = TypeVar("T")
-# workers="auto" grows past the CPUs only while they stay idle (I/O-like
-# samples); this bounds the threads even then.
-AUTO_MAX_THREADS = 64
-
-
-def _usable_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def _check_workers(value: Any) -> Optional[int]:
-    """None for "auto", else the thread count."""
-    if isinstance(value, str):
-        if value != "auto":
-            raise ValueError(f"workers must be an int >= 1 or 'auto', got {value!r}")
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"workers must be an int >= 1 or 'auto', got {value!r} ({type(value).__name__})")
-    return _check_int("workers", value, 1, MAX_WORKERS)
-
-
-def _check_callable(arg: str, value: Any) -> Any:
-    if value is not None and not callable(value):
-        raise TypeError(f"{arg} must be callable or None, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _check_bool(arg: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{arg} must be a bool, got {value!r} ({type(value).__name__})")
-    return bool(value)
 
 
 def _tell_epoch(sampler: Any, epoch: int) -> None:
@@ -77,6 +54,18 @@ def _tell_epoch(sampler: Any, epoch: int) -> None:
     set_epoch = getattr(sampler, "set_epoch", None)
     if callable(set_epoch):
         set_epoch(epoch)
+
+
+def _own_batches(n: int, seed: int, epoch: int, shuffle: bool, batch_size: Optional[int],
+                 drop_last: bool) -> Iterator[list[Any]]:
+    """The key lists of an epoch whose order the Loader gives itself (no
+    sampler): a function of its arguments alone, computed as it is first read."""
+    keys: Iterator[Any] = iter(np.random.default_rng([seed, epoch]).permutation(n).tolist() if shuffle
+                               else range(n))
+    if batch_size is None:
+        yield from ([k] for k in keys)
+    else:
+        yield from _chunks(keys, batch_size, drop_last)
 
 
 def _chunks(keys: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
@@ -89,43 +78,60 @@ def _chunks(keys: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[An
         yield chunk
 
 
+class _Epoch(_Iterator, Generic[T]):
+    """One epoch of a ``Loader`` or ``map``: what ``iter(loader)`` returns.
+    Threads calling ``next()`` on it share the epoch, each batch going to one."""
+
+    def __init__(self, core: _Core, timeout: Optional[float], loader: "_Threaded") -> None:
+        self._core = core
+        self._timeout = timeout
+        # Keeps the loader (and so its threads) alive while its epoch is
+        # iterated: `for batch in Loader(...)` holds only this object.
+        self._loader = loader
+
+    def __repr__(self) -> str:
+        core = self._core
+        state = "closed" if core is None else core.state
+        return f"<epoch iterator of {self._loader!r}: {state}>"
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]
+
+    if TYPE_CHECKING:
+        def __next__(self) -> T: ...
+        def __iter__(self) -> "_Epoch[T]": ...
+
+
 class _Threaded(_Lifecycle):
     """What Loader and map share: a _MapStage whose threads outlive the
-    epochs, and a _Core per epoch that takes its batches."""
+    epochs, and a _Core per epoch that publishes its batches."""
 
     _kind = "loader"
     _epoch = 0
 
-    def _setup(self, load: Callable[[Any], Any], mode: int, collate: Any, workers: Any, seed: Any,
-               ordered: Any, depth: Any, device: Any, timeout: Any, max_bytes: Any, name: Any,
-               worker_init: Any) -> None:
-        self._fixed_workers = _check_workers(workers)
-        if seed is not None:
-            seed = _check_int("seed", seed, 0, (1 << 128) - 1)
-        ordered = _check_bool("ordered", ordered)
-        depth = _check_int("depth", depth, 1, MAX_DEPTH)
-        self._timeout = _check_timeout(timeout)
-        cap = 0 if max_bytes is None else _check_int("max_bytes", max_bytes, 1, MAX_BYTES)
-        worker_init = _check_callable("worker_init", worker_init)
-        if name is None:
-            name = f"loader-{next(_names)}"
-        elif not isinstance(name, str):
-            raise TypeError(f"name must be a str or None, got {name!r} ({type(name).__name__})")
-        delivery = None if device is None else adapters._open_device(device)
+    def _setup(self, load: Callable[[Any], Any], mode: int, collate: Any, options: Options,
+               device: Any, worker_init: Any) -> None:
+        self._options = options
+        self._timeout = options.timeout
+        self._epoch_lock = threading.RLock()   # starting an epoch is atomic (re-entrant: signal handlers)
+        self._fork = _fork_epoch()
+        worker_init = check_callable("worker_init", worker_init)
+        self._delivery = None if device is None else adapters._open_device(device)
         # Without a seed the runs differ, but sample_rng() still gives each
         # sample its own stream.
-        self._seed = int.from_bytes(os.urandom(16), "little") if seed is None else seed
-        pool = _Pool()
+        self._seed = int.from_bytes(os.urandom(16), "little") if options.seed is None else options.seed
+        self._pool = _Pool()
         self._thread_states = adapters._capture_thread_states()
-        self._stage = _MapStage(load, mode, collate, pool, name, worker_init, self._seed, ordered, depth,
-                                self._thread_states)
-        self._owned = (self._stage, pool) if delivery is None else (self._stage, delivery, pool)
-        if self._fixed_workers is None:
+        self._stage = _MapStage(load, mode, collate, self._pool, options.name, worker_init, self._seed,
+                                options.ordered, options.depth, self._thread_states,
+                                delivery=self._delivery, max_bytes=options.max_bytes)
+        self._owned = ((self._stage, self._pool) if self._delivery is None
+                       else (self._stage, self._delivery, self._pool))
+        if options.workers is None:
             # Past the CPUs only while the threads leave CPUs idle (waiting on I/O).
-            self._stage.set_auto(AUTO_MAX_THREADS, _usable_cpus())
+            self._stage.set_auto(AUTO_MAX_THREADS, usable_cpus())
         self._mode = mode
-        self._name = name
-        self._core_options = (depth, 1, cap, name, delivery, True, pool, mode == MAP_STACK)
+        self._name = options.name
         self._remember_caller()
 
     # -- per epoch ----------------------------------------------------------
@@ -134,31 +140,79 @@ class _Threaded(_Lifecycle):
         """The epoch's batches of keys, the key range (-1: any key) and the rows per batch."""
         raise NotImplementedError
 
-    def _threads(self) -> int:
-        return self._fixed_workers or 0   # 0: the stage's own choice (auto)
+    _resume: Optional[_Resume] = None   # load_state_dict(): where the next epoch continues
+    _started = False                    # an epoch has started
+    _record: Optional[_Record] = None   # the epoch started last, for state_dict()
 
-    def _next_epoch(self) -> _Core:
-        if self._closing:
-            raise ClosedError(f"{self._kind} {self._name!r} is closed")
-        old = self._core
-        if old is not None:
-            old.close()
-        batches, n_keys, rows = self._keys(self._epoch)
-        gen = self._stage.start_epoch(batches, self._epoch, n_keys, self._threads(), rows)
-        self._epoch += 1
-        core = _Core(_EpochSource(self._stage, gen), *self._core_options,
-                     wake=functools.partial(self._stage.abandon, gen), describe=self._stage.describe)
-        self._install(core, self._thread_states)
-        return core
+    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
+        """The record of epoch ``epoch`` about to start (a subclass restores
+        its sampler's state here)."""
+        return _Record(epoch, resume, None, self._options.ordered)
 
-    def _first_core(self) -> _Core:
-        return self._next_epoch()
+    def _order(self, epoch: int) -> Any:
+        """What epoch ``epoch``'s order is a function of, where it is known
+        before the epoch starts (its batches may then be opened before);
+        None where it is not."""
+        return None
+
+    def _order_batches(self, order: Any) -> Iterator[list[Any]]:
+        """The key lists of the order ``_order`` named."""
+        raise NotImplementedError
+
+    def _start_epoch(self) -> _Core:
+        """Start the next epoch (closing the current one) and return its core."""
+        with self._epoch_lock:
+            if self._closing:
+                raise ClosedError(f"{self._kind} {self._name!r} is closed")
+            if _fork_epoch() != self._fork:
+                raise RuntimeError(
+                    f"{self._kind} {self._name!r} was inherited through os.fork(); its threads "
+                    f"exist only in the parent process. Create a new {self._kind} in the child.")
+            old = self._core
+            if old is not None:
+                old.close()
+            epoch, resume = self._epoch, self._resume
+            record = self._begin(epoch, resume)
+            batches, n_keys, rows = self._keys(epoch)
+            if record.numbers is not None and resume is not None:
+                batches = _skipping(batches, resume, record.numbers)
+            # Where the orders are the loader's own, the next epoch's first
+            # batches are opened as this one's last are consumed, and this
+            # one's may have been opened already (a resumed epoch skips some:
+            # never opened ahead). From the second epoch on: a loader iterated
+            # once never loads for an epoch it is not asked for.
+            order = self._order(epoch) if resume is None else None
+            after = self._order(epoch + 1) if self._started else None
+            self._started = True
+            following = None if after is None else (after, epoch + 1, self._order_batches(after))
+            stage = self._stage.start_epoch(batches, epoch, n_keys, self._options.workers or 0, rows,
+                                            order, following)
+            self._epoch = epoch + 1
+            self._resume = None
+            core = _Core(stage, delivery=self._delivery, pool=self._pool, kind=self._kind,
+                         **self._options.core())
+            record.core, record.stage = core, stage
+            self._record = record
+            self._install(core, self._thread_states)
+            if self._closing:
+                # close() ran meanwhile (another thread, a signal handler) and
+                # may have read the old core: this one is closed here.
+                core.close()
+                raise ClosedError(f"{self._kind} {self._name!r} was closed while its epoch started")
+            return core
 
     def __iter__(self) -> Any:
-        core = self._core
-        if core is None or core.state != "running" or core.stats()["consumed"]:
-            self._next_epoch()
-        return self
+        with self._epoch_lock:
+            epoch: _Epoch[Any] = _Epoch(self._start_epoch(), self._timeout, self)
+            if self._record is not None:
+                self._record.iterator = weakref.ref(epoch)
+            return epoch
+
+    def _first_core(self) -> _Core:
+        # next(loader) before any iter(): the first epoch, started once
+        # however many threads ask at the same time.
+        with self._epoch_lock:
+            return self._core if self._core is not None else self._start_epoch()
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -171,10 +225,9 @@ class _Threaded(_Lifecycle):
         """A frozen snapshot: the current epoch's batch counters and the
         threads' counters over every epoch (see ``prefetch.Stats``)."""
         core = self._core
-        counts = core.stats() if core is not None else dict(
-            produced=0, consumed=0, bytes_copied=0, consumer_wait_s=0.0, producer_wait_s=0.0,
-            fill=0, peak_fill=0, depth=self._core_options[0], blocks_allocated=0, blocks_reused=0)
-        return Stats(**counts, **self._stage.stats())
+        if core is None:
+            return Stats(depth=self._options.depth, **self._stage.stats())
+        return Stats(**core.stats())
 
     def __enter__(self) -> Any:
         return self
@@ -184,6 +237,22 @@ class _Threaded(_Lifecycle):
         state = "closed" if self._closing else ("not started" if core is None else core.state)
         return (f"<{type(self).__name__} name={self._name!r} workers={self._stage.threads} "
                 f"epoch={self._epoch - 1} state={state}>")
+
+
+class _ThreadLoad:
+    """The map stage's per-thread hook: called once on each loader thread
+    (before ``worker_init``), it gives that thread's ``load``, the
+    ``__getitem__`` of ``per_thread(dataset, worker_id)``. It holds no
+    reference to the loader, which the threads must not keep alive."""
+
+    __slots__ = ("per_thread", "dataset")
+
+    def __init__(self, per_thread: Callable[[Any, int], Any], dataset: Any) -> None:
+        self.per_thread = per_thread
+        self.dataset = dataset
+
+    def __call__(self, worker_id: int) -> Callable[[Any], Any]:
+        return self.per_thread(self.dataset, worker_id).__getitem__  # type: ignore[no-any-return]
 
 
 class Loader(_Threaded, Generic[T]):
@@ -196,6 +265,13 @@ class Loader(_Threaded, Generic[T]):
     a pooled batch, without the GIL, before that thread loads another sample.
     Batches come out in sampler order (``ordered=False``: as they complete),
     the same for every ``workers`` value.
+
+    A ``Loader`` is an iterable, as a framework's DataLoader is: each
+    ``iter(loader)`` starts an epoch (ending the one before) and returns its
+    iterator, so ``it = iter(loader); next(it); for batch in it:`` continues
+    one epoch, and threads calling ``next()`` on one epoch iterator share it.
+    ``next(loader)`` takes from the current epoch, starting the first one if
+    none has started.
 
     ``dataset[i]`` runs on several threads at once: the dataset must allow
     that (most do: in-memory data, files opened per call, decoders). One that
@@ -226,7 +302,9 @@ class Loader(_Threaded, Generic[T]):
         them while the consumer waits for batches and a measured gain
         follows, up to the CPUs this process may use, or beyond while those
         stay idle (samples waiting on I/O); fewer when more do not help (a
-        dataset that holds the GIL). ``stats().workers`` shows the count.
+        dataset that holds the GIL). ``stats().workers`` shows the count,
+        ``stats().tune_reason`` why it stopped growing. Where the threads
+        take turns on the GIL, a ``prefetch.GILBoundWarning`` says so, once.
     collate : callable(list of samples) -> batch, optional
         Replaces the default collate; runs on a loader thread, and its result
         is handed out like a ``Prefetcher`` batch (copied unless only it holds
@@ -238,12 +316,40 @@ class Loader(_Threaded, Generic[T]):
         As for ``Prefetcher``.
     worker_init : callable(worker_id), optional
         Called once on each loader thread before its first sample.
+    epoch : int, default 0
+        The number of the first epoch (see ``set_epoch``).
+
+    Without a ``sampler`` or ``batch_sampler`` the loader knows each epoch's
+    order before it starts, and from the second epoch on its threads load the
+    next epoch's first batches while the current epoch's last ones are
+    consumed (within ``depth`` and ``max_bytes``), so ``iter(loader)`` hands
+    them out at once; ``set_epoch`` to another epoch, ``load_state_dict`` and
+    ``close`` throw them away.
+
+    Resuming a run: ``state_dict()`` is a small JSON-serialisable dict saying
+    where the loader is (its seed, the epoch, which batches of it were
+    delivered); ``load_state_dict(state)`` on a new loader over the same data
+    makes the next ``iter(loader)`` deliver exactly the batches that an
+    uninterrupted run would have delivered next, with the same values,
+    order and ``sample_rng()`` streams. The order is given again by the
+    sampler (the loader's own shuffle depends on ``seed`` and the epoch
+    alone) and the batches already delivered are read and dropped, so a
+    custom sampler must give the same order again: one with
+    ``state_dict()``/``load_state_dict()`` has its state at the epoch's start
+    saved and restored; one without them must be deterministic for its
+    epoch (``set_epoch``).
 
     Raises
     ------
     TypeError, ValueError
         For a bad argument, naming it and the value given.
     """
+
+    # A subclass whose threads cannot share the dataset (it holds a reader
+    # with a position, a handle of one thread) sets this before __init__: a
+    # function (dataset, worker_id) -> the dataset that thread loads from (a
+    # copy of its own), called once on each loader thread, before worker_init.
+    _per_thread: Optional[Callable[[Any, int], Any]] = None
 
     def __init__(self, dataset: Any, batch_size: Optional[int] = 1, *, shuffle: bool = False,
                  sampler: Optional[Iterable[Any]] = None,
@@ -252,15 +358,17 @@ class Loader(_Threaded, Generic[T]):
                  seed: Optional[int] = None, ordered: bool = True, depth: int = 4, device: Any = None,
                  timeout: Optional[float] = None, max_bytes: Optional[int] = None,
                  name: Optional[str] = None,
-                 worker_init: Optional[Callable[[int], Any]] = None) -> None:
+                 worker_init: Optional[Callable[[int], Any]] = None, epoch: int = 0) -> None:
         cls = type(dataset)
         if not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__")):
             raise TypeError(f"dataset must have __getitem__ and __len__, got {dataset!r} ({cls.__name__}); "
                             "for an iterable, use prefetch.map(fn, iterable) or Prefetcher")
-        shuffle = _check_bool("shuffle", shuffle)
-        drop_last = _check_bool("drop_last", drop_last)
+        options = Options.check("loader", name=name, depth=depth, workers=workers, max_bytes=max_bytes,
+                                timeout=timeout, seed=seed, ordered=ordered)
+        shuffle = check_bool("shuffle", shuffle)
+        drop_last = check_bool("drop_last", drop_last)
         if batch_size is not None:
-            batch_size = _check_int("batch_size", batch_size, 1, 1 << 62)
+            batch_size = check_batch_size(batch_size)
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler gives the batches itself: it excludes batch_size, "
@@ -274,7 +382,8 @@ class Loader(_Threaded, Generic[T]):
             if not hasattr(sampler, "__iter__"):
                 raise TypeError(f"sampler must be an iterable of indices, got {sampler!r} "
                                 f"({type(sampler).__name__})")
-        collate = _check_callable("collate", collate)
+        collate = check_callable("collate", collate)
+        self._epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
         self.dataset = dataset
         self.batch_size = batch_size
         self.sampler = sampler
@@ -285,41 +394,176 @@ class Loader(_Threaded, Generic[T]):
             mode = MAP_SINGLE
         else:
             mode = MAP_STACK if collate is None else MAP_CUSTOM
-        self._setup(dataset.__getitem__, mode, collate, workers, seed, ordered, depth, device, timeout,
-                    max_bytes, name, worker_init)
+        self._setup(dataset.__getitem__, mode, collate, options, device, worker_init)
+        if self._per_thread is not None:
+            self._stage.per_thread = _ThreadLoad(self._per_thread, dataset)
+
+    # -- epochs and resuming ------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``iter(loader)`` starts epoch ``epoch``, and the ones after
+        count on from it: what the shuffle and ``sample_rng()`` use, and what a
+        sampler's ``set_epoch`` hears. A state loaded for another epoch is
+        dropped; for the same epoch it is kept."""
+        epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
+        with self._epoch_lock:
+            resume = self._resume
+            if resume is not None and resume.epoch != epoch:
+                self._resume = None
+            if epoch != self._epoch:
+                self._stage.drop_following()   # not the epoch opened early
+            self._epoch = epoch
+
+    def _sampler_with_state(self) -> Any:
+        sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        return sampler if callable(getattr(sampler, "state_dict", None)) else None
+
+    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
+        sampler = self._sampler_with_state()
+        if resume is not None and resume.sampler is not None:
+            sampler.load_state_dict(resume.sampler)
+        saved = None if sampler is None else sampler.state_dict()
+        return _Record(epoch, resume, saved, self._options.ordered)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: a small JSON-serialisable dict (format and
+        version, seed, epoch, the batches of that epoch delivered so far, the
+        dataset's length, the batch size, the sampler's own ``state_dict()``
+        at the epoch's start where it has one). Taken at any moment, from any
+        thread, without pausing the loader threads; batches loaded ahead and
+        not yet delivered are not counted. Once an epoch has ended, the state
+        is the next epoch's start."""
+        with self._epoch_lock:
+            record, resume, epoch = self._record, self._resume, self._epoch
+        sampler: Any = None
+        extras: list[int] = []
+        if resume is not None:
+            epoch, prefix, extras, sampler = resume.epoch, resume.prefix, resume.extras, resume.sampler
+        elif record is None or record.core is None:
+            prefix = 0
+            holder = self._sampler_with_state()
+            sampler = None if holder is None else holder.state_dict()
+        elif record.core.ended:
+            prefix = 0   # the next epoch; a sampler's state then is its own to say
+            holder = self._sampler_with_state()
+            sampler = None if holder is None else holder.state_dict()
+        else:
+            epoch, sampler = record.epoch, record.sampler
+            prefix, extras = record.delivered()
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "seed": self._seed, "epoch": epoch,
+                "batches": prefix + len(extras), "out_of_order": list(extras),
+                "dataset_length": len(self.dataset), "batch_size": self.batch_size, "sampler": sampler}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` (from ``state_dict()``, of a loader over the
+        same data, batch size and sampler) was taken: the next
+        ``iter(loader)`` delivers the batches an uninterrupted run would have
+        delivered next. Call it before iterating, between epochs, or after a
+        ``break`` out of an epoch's loop (that epoch then ends).
+
+        Raises
+        ------
+        ValueError
+            For a state of another format or version, dataset length, batch
+            size or seed, or one truncated or edited; the loader is unchanged.
+        ClosedError
+            Once the loader is closed.
+        RuntimeError
+            While an epoch is in progress (its iterator is still held).
+        """
+        if self._closing:
+            raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
+        resume, seed = self._check_state(state)
+        with self._epoch_lock:
+            if self._closing:
+                raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
+            record = self._record
+            if record is not None and record.core is not None and record.core.state == "running":
+                if record.iterating():
+                    raise RuntimeError(
+                        f"cannot load a state into {self!r} while its epoch {record.epoch} is in progress; "
+                        "load it before iterating, once the epoch has ended, or after a break out of its loop")
+                # Its iterator is gone (a break): the epoch ends here, and
+                # next(loader) starts the one the state continues.
+                record.core.close()
+                self._core = None
+            self._stage.drop_following()   # the next epoch is the state's
+            if seed != self._seed:
+                self._seed = seed
+                self._stage.seed = seed
+            self._epoch = resume.epoch
+            self._resume = resume
+
+    def _check_state(self, state: Any) -> tuple[_Resume, int]:
+        try:
+            total = len(self)
+        except TypeError:
+            total = -1   # a sampler without len(): nothing to check against
+        return check_state(state, dataset_length=len(self.dataset), batch_size=self.batch_size,
+                           seed=self._seed if self._options.seed is not None else None,
+                           batches_per_epoch=total,
+                           sampler_has_state=self._sampler_with_state() is not None)
 
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         n = len(self.dataset)
         if self.batch_sampler is not None:
             _tell_epoch(self.batch_sampler, epoch)
-            return iter(self.batch_sampler), n, 1
-        if self.sampler is not None:
-            _tell_epoch(self.sampler, epoch)
-            keys: Iterator[Any] = iter(self.sampler)
-        elif self.shuffle:
-            keys = iter(np.random.default_rng([self._seed, epoch]).permutation(n).tolist())
-        else:
-            keys = iter(range(n))
+            return self._iter_sampler(self.batch_sampler, "batch_sampler"), n, 1
+        if self.sampler is None:   # the loader's own order: read lazily, on a loader thread
+            return (_own_batches(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last), n,
+                    self.batch_size or 1)
+        _tell_epoch(self.sampler, epoch)
+        keys: Iterator[Any] = self._iter_sampler(self.sampler, "sampler")
         if self.batch_size is None:
             return ([k] for k in keys), n, 1
         return _chunks(keys, self.batch_size, self.drop_last), n, self.batch_size
 
+    def _order(self, epoch: int) -> Any:
+        # Only an order no user code gives: a sampler may change between
+        # epochs (its set_epoch called by the user, a state loaded into it).
+        if self.sampler is not None or self.batch_sampler is not None:
+            return None
+        return (len(self.dataset), self._seed, epoch, self.shuffle, self.batch_size, self.drop_last)
+
+    def _order_batches(self, order: Any) -> Iterator[list[Any]]:
+        return _own_batches(*order)
+
+    _sampler_read = False   # a one-shot sampler (an iterator) gave its epoch
+
+    def _iter_sampler(self, sampler: Any, arg: str) -> Iterator[Any]:
+        """iter(sampler); a one-shot one (a generator, an iterator: iter() returns it)
+        gives one epoch, and the next raises rather than come out empty."""
+        keys: Iterator[Any] = iter(sampler)
+        if keys is sampler:
+            if self._sampler_read:
+                raise RuntimeError(
+                    f"{self!r} cannot start another epoch: its {arg} is a one-shot iterator "
+                    f"({type(sampler).__name__}), used up by an earlier epoch; to loop again, "
+                    f"pass a re-iterable {arg} (a list, a range, an array, a Sampler object)")
+            self._sampler_read = True
+        return keys
+
     def __len__(self) -> int:
-        if self.batch_sampler is not None:
-            return len(self.batch_sampler)  # type: ignore[arg-type]
-        if self.sampler is not None:
-            if not isinstance(self.sampler, Sized):
-                raise TypeError(f"the sampler of {self!r} has no len()")
-            n = len(self.sampler)
-        else:
-            n = len(self.dataset)
-        if self.batch_size is None:
-            return n
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        return _batches_per_epoch(self)
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
         def __enter__(self) -> "Loader[T]": ...
+
+
+def _batches_per_epoch(loader: Loader[Any]) -> int:
+    """len(loader): its batch sampler's length, or its sampler's (or dataset's) in batches."""
+    if loader.batch_sampler is not None:
+        return len(loader.batch_sampler)  # type: ignore[arg-type]
+    if loader.sampler is not None:
+        if not isinstance(loader.sampler, Sized):
+            raise TypeError(f"the sampler of {loader!r} has no len()")
+        n = len(loader.sampler)
+    else:
+        n = len(loader.dataset)
+    if loader.batch_size is None:
+        return n
+    return n // loader.batch_size if loader.drop_last else math.ceil(n / loader.batch_size)
 
 
 class _Mapped(_Threaded, Generic[T]):
@@ -337,8 +581,9 @@ class _Mapped(_Threaded, Generic[T]):
         # A one-shot iterator is read once; a re-iterable one again each epoch.
         self._items: Optional[Iterator[Any]] = items
         self._iterable = None if items is iterable else iterable
-        self._setup(fn, MAP_SINGLE, None, workers, None, ordered, depth, None, timeout, None, name,
-                    worker_init)
+        options = Options.check("loader", name=name, depth=depth, workers=workers, timeout=timeout,
+                                ordered=ordered)
+        self._setup(fn, MAP_SINGLE, None, options, None, worker_init)
 
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         items = self._items
@@ -366,8 +611,10 @@ def map(fn: Callable[[Any], T], iterable: Iterable[Any], *, workers: Any = "auto
 
     Results come out in order (``ordered=False``: as they complete), each
     handed out like a ``Prefetcher`` batch: copied unless only it holds its
-    arrays. ``iterable`` itself is read by one thread at a time. The result is
-    an iterator with ``close()``, ``with``, ``stats()`` and the same error and
-    memory rules as ``Loader``.
+    arrays, and copied on the thread that made it before that thread calls
+    ``fn`` again. ``iterable`` itself is read by one thread at a time. The
+    result is iterated like a ``Loader`` (``iter()`` starts a pass over
+    ``iterable``; ``next()`` takes from the current one), with ``close()``,
+    ``with``, ``stats()`` and the same error and memory rules.
     """
     return _Mapped(fn, iterable, workers, ordered, depth, timeout, name, worker_init)

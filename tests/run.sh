@@ -15,24 +15,31 @@
 #           that need torch.
 #   --matrix (CI): tests/core also in the mxnet (numpy 1.23.5) and torch environments, and on
 #           CPython 3.10, 3.12 and 3.13 (core-3.X), wherever found.
+#   --no-pythons   with --matrix: leaves the other CPythons out, for a second tests/run.sh
+#   --pythons      that runs only them (.ci/run runs the two side by side: under CI each takes
+#                  its own lock, as they share no venv and the sdist is fixed for the run).
 # Stress tests (tests/stress, -m stress) run in the core environment under CI or with --stress.
 # Skipped tests are listed with their reasons (-rs).
 # Venvs stay in build/test-envs (PREFETCH_ENVS moves them) and are reused while still valid; only
 # the package is reinstalled when the sources changed. Under CI everything is made anew.
-# Exits non-zero on the first failing step; pytest-timeout bounds each test.
+# The three environments' suites run side by side (one after the other under CI).
+# Exits non-zero when a step fails; pytest-timeout bounds each test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/tests/venvs.sh"
-pf_lock
 matrix=0
 stress=$pf_ci
+pythons=1   # 0: not the other CPythons; 2: only them
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --matrix) matrix=1; shift ;;
         --stress) stress=1; shift ;;
+        --no-pythons) pythons=0; shift ;;
+        --pythons) pythons=2; shift ;;
         *) break ;;
     esac
 done
+if [[ $pythons == 2 && $pf_ci == 1 ]]; then pf_lock .lock-pythons; else pf_lock; fi
 
 pytest_in() {  # $1 = venv; rest: pytest args, paths relative to the unpacked sdist. The pytest
                # script, not python -m pytest, keeps the sdist's uncompiled prefetch/ off sys.path.
@@ -47,33 +54,79 @@ if [[ -z "$py311" ]]; then
 fi
 pf_sdist
 
-# The tests of tests/core that need a framework (they skip without it).
-core_mx=(tests/core/test_bad_input.py)
-core_torch=(tests/core/test_handover.py::test_arrays_sharing_memory_with_a_framework_tensor_are_copied)
-
-pf_env core "${PYTHON:-$py311}" test
-pytest_in "$PF_VENV" tests/core tests/csrc tests/mx/test_mx_optional.py -m "not stress" -rs "$@"
-if [[ $stress == 1 ]]; then
-    echo "=== [core] stress" >&2
-    pytest_in "$PF_VENV" tests/stress -m stress -rs
-fi
-echo "=== [core] ruff check" >&2
-(cd "$root" && "$PF_TOOLS/bin/ruff" check --no-cache .)
-
-pf_env mxnet "$py311" test,mxnet
-if [[ $matrix == 1 ]]; then core_mx=(tests/core); fi
-pytest_in "$PF_VENV" tests/mx "${core_mx[@]}" -m "not stress" -rs "$@"
-
-pf_env torch "$py311" test,torch
-if [[ $matrix == 1 ]]; then core_torch=(tests/core); fi
-pytest_in "$PF_VENV" tests/pytorch "${core_torch[@]}" -m "not stress" -rs "$@"
-
-if [[ $matrix == 1 ]]; then
+python_matrix() {  # tests/core on CPython 3.10, 3.12 and 3.13, wherever found
+    local v py
     for v in 3.10 3.12 3.13; do
         py="$(pf_find_python $v)"
         if [[ -z "$py" ]]; then echo "tests/run.sh: Python $v not found, skipped" >&2; continue; fi
         pf_env "core-$v" "$py" test
         pytest_in "$PF_VENV" tests/core -m "not stress" -rs "$@"
     done
+}
+if [[ $pythons == 2 ]]; then
+    python_matrix "$@"
+    echo "tests/run.sh: tests/core passed on the other CPythons" >&2
+    exit 0
 fi
+
+# The tests of tests/core that need a framework (they skip without it).
+core_mx=(tests/core/test_bad_input.py)
+core_torch=(tests/core/test_handover.py::test_arrays_sharing_memory_with_a_framework_tensor_are_copied)
+
+# The three environments are made (or checked) one after the other: pip and the wheel build are
+# not worth overlapping. Their suites then run side by side outside CI (each keeps about 0.7 of 2
+# cores busy: subprocess, fork and timeout cases wait), one log each in build/test-logs, printed
+# whole when its suite ends. Under CI they run one after the other: .ci/run already runs three
+# lanes side by side.
+pf_env core "${PYTHON:-$py311}" test
+core_venv="$PF_VENV"
+pf_env mxnet "$py311" test,mxnet
+mx_venv="$PF_VENV"
+if [[ $matrix == 1 ]]; then core_mx=(tests/core); fi
+pf_env torch "$py311" test,torch
+torch_venv="$PF_VENV"
+if [[ $matrix == 1 ]]; then core_torch=(tests/core); fi
+
+suite_core() {
+    pytest_in "$core_venv" tests/core tests/csrc tests/mx/test_mx_optional.py -m "not stress" -rs "$@"
+    if [[ $stress == 1 ]]; then
+        echo "=== [core] stress"
+        pytest_in "$core_venv" tests/stress -m stress -rs
+    fi
+    echo "=== [core] ruff check"
+    (cd "$root" && "$PF_TOOLS/bin/ruff" check --no-cache .)
+}
+suite_mxnet() { pytest_in "$mx_venv" tests/mx "${core_mx[@]}" -m "not stress" -rs "$@"; }
+suite_torch() { pytest_in "$torch_venv" tests/pytorch "${core_torch[@]}" -m "not stress" -rs "$@"; }
+
+suites=(core mxnet torch)
+if [[ $pf_ci == 1 ]]; then
+    for name in "${suites[@]}"; do
+        echo "=== [$name] tests" >&2
+        "suite_$name" "$@"
+    done
+else
+    logs="$root/build/test-logs"
+    mkdir -p "$logs"
+    declare -A pid
+    for name in "${suites[@]}"; do
+        echo "=== [$name] tests running (log: build/test-logs/$name.log)" >&2
+        "suite_$name" "$@" >"$logs/$name.log" 2>&1 &
+        pid[$name]=$!
+    done
+    failed=()
+    for name in "${suites[@]}"; do
+        rc=0
+        wait "${pid[$name]}" || rc=$?
+        echo "=== [$name] $( ((rc == 0)) && echo passed || echo "FAILED (exit $rc)"):" >&2
+        cat "$logs/$name.log" >&2
+        if ((rc != 0)); then failed+=("$name"); fi
+    done
+    if ((${#failed[@]})); then
+        echo "tests/run.sh: FAILED in ${failed[*]} (logs in build/test-logs)" >&2
+        exit 1
+    fi
+fi
+
+if [[ $matrix == 1 && $pythons == 1 ]]; then python_matrix "$@"; fi
 echo "tests/run.sh: all environments passed" >&2

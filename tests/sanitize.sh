@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python test suite against an ASan+UBSan build of the core with csrc's debug asserts on
 # (issue 5, issue 18; STYLE §6.7):
-#   bash tests/sanitize.sh [pytest args]      (default args: -m "not stress" -k "not csrc_under")
+#   bash tests/sanitize.sh [pytest args]      (default args: -m "not stress" -k "not csrc_under";
+#   also "not fork_with_threads" with a GCC older than 14: see below)
 # 1. Copies the checkout (sources only: no build/, no *.so, no generated _core.c) to
 #    build/sanitize/src, so setuptools cannot reuse an object built without the
 #    sanitizers, and builds it there with PREFETCH_SANITIZE=1 PREFETCH_DEBUG=1
@@ -59,7 +60,15 @@ for rt in "$asan_rt" "$ubsan_rt"; do
     if [[ ! -e "$rt" ]]; then echo "tests/sanitize.sh: no sanitizer runtime $rt" >&2; exit 1; fi
 done
 
-if [[ $# -eq 0 ]]; then set -- -m "not stress" -k "not csrc_under"; fi
+# A child forked while another thread is inside ASan's allocator can wait forever on that
+# allocator's lock in GCC 12's libasan (LLVM's runtime takes its locks around fork() only from
+# LLVM 17, GCC 14): seen in CI as a child forked inside dataset[i] that never exited, stuck in
+# __asan::AsanThread::Destroy -> SizeClassAllocator64::ReturnToAllocator -> Mutex::Lock, after our
+# code had returned. The fork_with_threads tests run in every other lane; here only where the
+# runtime is fork-safe.
+marks="not stress"
+if (( $("$cc" -dumpversion | cut -d. -f1) < 14 )); then marks="not stress and not fork_with_threads"; fi
+if [[ $# -eq 0 ]]; then set -- -m "$marks" -k "not csrc_under"; fi
 status=0
 # -s: no output capture (conftest needs a real stderr for faulthandler), so a report the C runtime
 # writes to fd 2 (UBSan's, or ASan's before it aborts) reaches the log even when it

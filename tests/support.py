@@ -141,3 +141,55 @@ class SharedDataset:
                 self.count.value += 1
             self.inside -= 1
         return i
+
+
+def never_started_core(source):
+    """A compiled core over ``source`` whose publisher thread is never started
+    (what a consumer meets when that thread is gone), built by keyword as
+    Prefetcher builds it. The caller closes it; its pool closes with it."""
+    from prefetch._core import _batch_copy, _Core, _fetch_stage, _Pool
+
+    pool = _Pool()
+    stage = _fetch_stage(source, _batch_copy(pool, 1, True, None, 1), "never-started")
+    return _Core(stage, depth=1, max_bytes=0, name="never-started", pool=pool)
+
+
+def assert_same(ours, theirs, path="batch"):
+    """Same types, structure, dtypes and values (bitwise for torch tensors):
+    a drop-in's batches against its framework's loader's (torch or MXNet)."""
+    import collections.abc
+
+    torch = sys.modules.get("torch")
+    mx = sys.modules.get("mxnet")
+    assert type(ours) is type(theirs), f"{path}: {type(ours)} != {type(theirs)}"
+    if mx is not None and isinstance(theirs, mx.nd.NDArray):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, path
+        assert (ours.asnumpy() == theirs.asnumpy()).all(), path
+    elif torch is not None and isinstance(theirs, torch.Tensor):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, path
+        # Bytes: bfloat16 and float8 have no numpy or tolist() of their own; 0-d flattened first.
+        assert (ours.reshape(-1).view(torch.uint8).tolist()
+                == theirs.reshape(-1).view(torch.uint8).tolist()), path
+    elif isinstance(theirs, collections.abc.Mapping):
+        assert list(ours) == list(theirs), path
+        for k in theirs:
+            assert_same(ours[k], theirs[k], f"{path}[{k!r}]")
+    elif isinstance(theirs, collections.abc.Sequence) and not isinstance(theirs, (str, bytes)):
+        assert len(ours) == len(theirs), path
+        for k, (a, b) in enumerate(zip(ours, theirs)):
+            assert_same(a, b, f"{path}[{k}]")
+    else:
+        assert ours == theirs, path
+
+
+class PurePython:
+    """A GIL-bound dataset (issue 25 item 2): dataset[i] runs Python for about a millisecond, holding the GIL throughout."""
+
+    def __len__(self):
+        return 160
+
+    def __getitem__(self, i):
+        h = i
+        for k in range(30_000):
+            h = (h * 31 + k) & 0xFFFF
+        return np.full(2, i), h

@@ -4,6 +4,9 @@
 #   pf_sdist            builds the sdist from the checkout (python -m build, 4 s) into build/dist and
 #                       unpacks it to $PF_SRC; keeps the previous one, and the wheels built from it,
 #                       when its files are the same (a hash of the tar members' names and contents).
+#                       Under CI it is built once per run and then reused as it is: the checkout does
+#                       not change during a run, and no later step walks the checkout (tests/newest.sh
+#                       may have mounted the checkout's parent under build/ meanwhile).
 #   pf_env NAME PY EXTRAS
 #                       a venv $PREFETCH_ENVS/NAME (default build/test-envs/NAME) with the package
 #                       installed from a wheel that pip builds from that sdist, plus EXTRAS (e.g.
@@ -11,6 +14,9 @@
 #                       setup.py, the interpreter (version and path), NAME and EXTRAS; otherwise it is
 #                       made anew. When only the sources changed, just the package is reinstalled
 #                       (pip install --no-deps --force-reinstall). Sets PF_VENV.
+#                       One torch: any EXTRAS naming torch (the tests' "test,torch", the benchmark's
+#                       "bench,torch,bench-peers") get the one venv NAME=torch with all four, so torch
+#                       (about 1.1 GB) is installed once in build/ and not once per command.
 #   pf_find_python 3.X  prints an interpreter of that version, or nothing.
 # Under CI (CI set and not "false"/"0") every venv and the sdist are made anew once per CI run
 # (PREFETCH_RUN names the run; .ci/run sets it, so the steps of one run share what they built).
@@ -24,16 +30,18 @@ if [[ $pf_ci == 1 && -z "${PREFETCH_RUN:-}" ]]; then export PREFETCH_RUN="$$-$(d
 pf_run="${PREFETCH_RUN:-local}"
 
 pf_lock() {  # one tests/run.sh or bench/main.sh at a time per checkout: they share build/dist and the
-             # venvs. The lock is held until the script and what it exec'd exit.
+             # venvs. The lock is held until the script and what it exec'd exit. $1: another lock
+             # name, for a step that shares neither (tests/run.sh --pythons under CI).
     command -v flock >/dev/null 2>&1 || return 0
+    local name="${1:-.lock}"
     mkdir -p "$pf_envs"
-    exec {pf_lock_fd}>>"$pf_envs/.lock"
+    exec {pf_lock_fd}>>"$pf_envs/$name"
     if ! flock -n "$pf_lock_fd"; then
-        echo "$(basename "$0"): another tests/run.sh or bench/main.sh (pid $(cat "$pf_envs/.lock.pid" 2>/dev/null ||
+        echo "$(basename "$0"): another tests/run.sh or bench/main.sh (pid $(cat "$pf_envs/$name.pid" 2>/dev/null ||
             echo '?')) is using $pf_envs; wait for it to finish (they share the environments)." >&2
         exit 1
     fi
-    echo $$ >"$pf_envs/.lock.pid"
+    echo $$ >"$pf_envs/$name.pid"
 }
 
 pf_find_python() {  # $1 = major.minor
@@ -78,7 +86,16 @@ pf_tools() {  # a venv with `build` and `ruff` (what makes the sdist and lints);
 
 pf_sdist() {  # sets PF_SDIST (the .tar.gz), PF_SRC (unpacked), PF_HASH (its contents)
     pf_tools
-    local new="$pf_dist/new"
+    if [[ $pf_ci == 1 && "$(cat "$pf_dist/.run" 2>/dev/null)" == "$pf_run" ]] &&
+        ls "$pf_dist"/sdist/*.tar.gz >/dev/null 2>&1 && ls -d "$pf_dist"/src/*/ >/dev/null 2>&1; then
+        PF_HASH="$(cat "$pf_dist/.hash")"
+        PF_SDIST="$(ls "$pf_dist"/sdist/*.tar.gz)"
+        PF_SRC="$(ls -d "$pf_dist"/src/*/)"
+        PF_SRC="${PF_SRC%/}"
+        echo "=== [sdist] $(basename "$PF_SDIST") (made earlier in this CI run)" >&2
+        return 0
+    fi
+    local new="$pf_dist/new.$$"  # per process: two steps of one CI run may start side by side
     rm -rf "$new"
     if ! "$PF_TOOLS/bin/python" -m build --sdist -o "$new" "$root" >"$pf_dist.log" 2>&1; then
         cat "$pf_dist.log" >&2
@@ -124,6 +141,7 @@ pf_wheel() {  # $1 = venv: prints the wheel for its interpreter, built from $PF_
 
 pf_env() {  # $1 = name, $2 = python, $3 = extras; needs pf_sdist first; sets PF_VENV
     local name="$1" py="$2" extras="$3" key whl
+    if [[ ",$extras," == *,torch,* ]]; then name=torch; extras="test,bench,torch,bench-peers"; fi
     PF_VENV="$pf_envs/$name"
     key="$(pf_hash file:"$root/pyproject.toml" file:"$root/setup.py" \
         "$("$py" -c 'import sys; print(sys.version, sys.executable)')" "$name" "$extras")"

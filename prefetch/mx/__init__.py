@@ -6,7 +6,7 @@ context, ``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter``, and
 point ``prefetch.adapters: mxnet``) the first time a batch holds an MXNet
 object, ``device=`` is an MXNet context or a Prefetcher is made while MXNet
 is imported, and importing it registers the NDArray, DataBatch and Context
-types and carries MXNet's per-thread NumPy modes to the fetch thread.
+types and carries MXNet's per-thread NumPy modes to the threads that load and copy.
 """
 from prefetch import ClosedError
 from prefetch.mx import _collate, _device, _modes, _ndarray  # noqa: F401  (register their types)

@@ -2,7 +2,7 @@
 Prefetcher's constructor; every array leaf delivered there as an NDArray; the
 engine synchronised once, at close.
 
-Threading contract: ``deliver`` and ``ready`` run on the fetch thread with the
+Threading contract: ``deliver`` and ``ready`` run on the publisher thread with the
 GIL held, after the batch's host copies are complete; ``close`` in close().
 NDArray leaves were already copied to the context by their leaf hook
 (prefetch.mx._ndarray reads ``plan.device.ctx``).

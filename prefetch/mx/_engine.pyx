@@ -2,7 +2,7 @@
 # _engine.pyx: NDArray copies issued to MXNet's engine from C (issue 9).
 #
 # Why: the Python path cost ~12 us of ctypes calls per leaf and blocked the
-# fetch thread on the engine (wait_to_read) for every leaf. Here a leaf costs a
+# copying thread on the engine (wait_to_read) for every leaf. Here a leaf costs a
 # few C calls into the libmxnet that MXNet already loaded: read shape, dtype,
 # context and storage type, make the destination NDArray, and push one
 # `_copyto` op. The engine's dependency tracking orders that copy after the op
@@ -14,12 +14,13 @@
 # C signatures below, copied from MXNet 1.9.1's include/mxnet/c_api.h and
 # include/dlpack/dlpack.h.
 #
-# Threads: copy_leaf and wrap_numpy run on a prefetcher's fetch thread with
-# the GIL held; the DLPack deleters run wherever MXNet frees an NDArray, often
+# Threads: copy_leaf and wrap_numpy run on the thread that copies a batch
+# (a Prefetcher's publisher thread, a Loader's threads) with the GIL held; the DLPack deleters run wherever MXNet frees an NDArray, often
 # an engine worker thread.
 from cpython.ref cimport Py_INCREF, PyObject
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 cimport numpy as cnp
 
@@ -50,6 +51,7 @@ cdef extern from *:
 # NDArrayStorageType; MXNet's NDArrays have at most 32 dimensions (TShape).
 cdef enum:
     DEV_CPU = 1
+    DEV_CPU_PINNED = 3
     DEV_CPU_SHARED = 5
     STYPE_DEFAULT = 0
     MAX_NDIM = 32
@@ -65,6 +67,7 @@ ctypedef int (*Create64)(const int64_t *, int, int, int, int, int, Handle *) noe
 ctypedef int (*Invoke)(Handle, int, Handle *, int *, Handle **, int, const char **,
                        const char **) noexcept nogil
 ctypedef int (*OneHandle)(Handle) noexcept nogil
+ctypedef int (*GetData)(Handle, void **) noexcept nogil
 ctypedef int (*NoArgs)() noexcept nogil
 ctypedef const char *(*LastError)() noexcept nogil
 ctypedef int (*OpHandle)(const char *, Handle *) noexcept nogil
@@ -140,6 +143,7 @@ cdef Invoke _invoke = <Invoke>_address("MXImperativeInvoke")
 cdef FromDLPack _from_dlpack = <FromDLPack>_address("MXNDArrayFromDLPackEx")
 cdef OneHandle _free = <OneHandle>_address("MXNDArrayFree")
 cdef OneHandle _wait_to_read = <OneHandle>_address("MXNDArrayWaitToRead")
+cdef GetData _get_data = <GetData>_address("MXNDArrayGetData")
 cdef NoArgs _wait_all = <NoArgs>_address("MXNDArrayWaitAll")
 cdef LastError _last_error = <LastError>_address("MXGetLastError")
 cdef Handle _copyto_op = NULL
@@ -265,9 +269,40 @@ cdef int _push_copy(Handle src, int ndim, const int64_t *shape, int dtype, int d
     return rc
 
 
+cdef bint _on_host(Handle src) except -1:
+    cdef int dev_type = 0, dev_id = 0
+    if _get_context(src, &dev_type, &dev_id) != 0:
+        _error()
+    return dev_type == DEV_CPU or dev_type == DEV_CPU_PINNED or dev_type == DEV_CPU_SHARED
+
+
+cdef int _copy_now(Handle src, size_t nbytes, Holder *h, Handle *out) noexcept:
+    """A small host array copied here, not by the engine: once the source's
+    pending writes have run (usually none: MXNet returns at once), its bytes
+    go into ``h``'s memory, wrapped as an NDArray with no op pending on it.
+    A consumer's wait_to_read() then returns at once, where an engine copy
+    would cost it a wake-up of an engine thread per batch. 0; MXNet's -1
+    with *out NULL and ``h`` released; 1 when MXNet gives no data pointer
+    (the engine copies it then)."""
+    cdef void *data = NULL
+    cdef int rc
+    with nogil:
+        rc = _wait_to_read(src)
+    if rc == 0:
+        rc = _get_data(src, &data)
+    if rc != 0:
+        out[0] = NULL
+        _release(&h.managed)
+        return rc
+    if data == NULL:
+        return 1
+    memcpy(h.managed.dl_tensor.data, data, nbytes)
+    return _wrap(h, out)
+
+
 # -- the calls the adapter makes ----------------------------------------------
 
-def copy_leaf(object nd, CopyPlan plan=None, object ctx=None):
+def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, bint small_only=False):
     """A fresh NDArray with ``nd``'s shape, dtype and values, or None.
 
     On ``ctx`` (an mx.Context) when given, else on ``nd``'s own context, but
@@ -276,9 +311,11 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None):
     plan's pool, which goes back to the pool when MXNet frees the NDArray.
     An ``mx.np.ndarray`` comes out as one (numpy-mode Gluon blocks take no
     other), any other NDArray as an ``mx.nd.NDArray``.
-    The copy is issued to the engine, not waited for. None when this path does
-    not apply (sparse storage, 0-d, an empty or unknown shape): the caller then
-    copies through Python.
+    The copy is issued to the engine, not waited for; a small array on the
+    host going to cpu(0) with ``plan`` is copied here instead (``_copy_now``).
+    None when this path does not apply (sparse storage, 0-d, an empty or
+    unknown shape): the caller then copies through Python; with
+    ``small_only``, also when the copy would not be made here.
     """
     cdef Handle src = _handle_of(nd)
     cdef Handle dst = NULL
@@ -306,6 +343,9 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None):
             dev_type, dev_id = DEV_CPU, 0
     else:
         dev_type, dev_id = ctx.device_typeid, ctx.device_id
+    if small_only and not (plan is not None and dev_type == DEV_CPU and dev_id == 0 and dtype < 8
+                           and nbytes < NOGIL_MIN_BYTES and _on_host(src)):
+        return None
     if plan is not None and dev_type == DEV_CPU and dev_id == 0 and dtype < 8:
         blk = take_block(plan, nbytes)
         try:
@@ -314,10 +354,13 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None):
             put_block(blk)
             raise
         h.blk = blk
-    if nbytes >= NOGIL_MIN_BYTES:
+    rc = 1
+    if h != NULL and nbytes < NOGIL_MIN_BYTES and (small_only or _on_host(src)):
+        rc = _copy_now(src, nbytes, h, &dst)
+    if rc == 1 and nbytes >= NOGIL_MIN_BYTES:
         with nogil:
             rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, h, &dst)
-    else:
+    elif rc == 1:
         rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, h, &dst)
     if rc != 0:
         _error()

@@ -1,6 +1,6 @@
 """``PrefetchingIter``: a drop-in for ``mx.io.PrefetchingIter``.
 
-Threading contract: ``_Feed.__next__`` runs on the prefetcher's fetch thread (it
+Threading contract: ``_Feed.__next__`` runs on the prefetcher's publisher thread (it
 is the source of the PrefetchingIter's Prefetcher); every ``PrefetchingIter``
 method runs on the consumer's thread.
 """
@@ -8,6 +8,7 @@ import threading
 import weakref
 
 from prefetch import ClosedError, Prefetcher
+from prefetch._options import Options
 from prefetch.mx._device import as_context
 from prefetch.mx._mxnet import mx
 
@@ -22,7 +23,7 @@ class _Feed:
     moment the wrapped iterators have been read exactly ``depth`` batches past
     what the consumer took (or to their end), as mx's class with depth 1.  That
     makes ``reset()`` deterministic.  It holds no reference to the
-    PrefetchingIter: the fetch thread must not keep it alive.
+    PrefetchingIter: the publisher thread must not keep it alive.
     """
 
     def __init__(self, iters, depth):
@@ -32,6 +33,7 @@ class _Feed:
         self.rounds = 0       # rounds completed
         self.taken = 0        # batches the consumer took
         self.in_round = False
+        self.waiting = False  # the publisher is in (or entering) its wait for the consumer
         self.stopped = False  # set by reset()/close(): no round starts after it
         self.done = False     # the iterators ended (or raised): no more rounds
 
@@ -39,21 +41,52 @@ class _Feed:
         return self
 
     def __next__(self):
-        with self.cond:
-            while not self.stopped and self.rounds >= self.taken + self.depth:
-                self.cond.wait()
-            if self.stopped or self.done:
-                raise StopIteration
+        # The round is claimed (in_round) before ``stopped`` and the bound are
+        # read, and stop() sets ``stopped`` before it reads ``in_round``: one
+        # sees the other (the GIL orders them), so no round runs past a
+        # stop(wait=True) unwaited. The condition is taken only to wait.
+        while True:
             self.in_round = True
-        try:
-            batch = self.round()
-        finally:
+            if not (self.stopped or self.done or self.rounds >= self.taken + self.depth):
+                break
+            self.in_round = False
+            if self.stopped or self.done:
+                with self.cond:
+                    self.cond.notify_all()   # a stop(wait=True) may be waiting for in_round
+                raise StopIteration
             with self.cond:
-                self.in_round = False
-                self.cond.notify_all()
+                self.waiting = True
+                while not self.stopped and self.rounds >= self.taken + self.depth:
+                    self.cond.wait()
+                self.waiting = False
+        try:
+            batch = self.round() if len(self.iters) > 1 else self.round_one()
+        finally:
+            self.in_round = False
+            if self.stopped:
+                with self.cond:
+                    self.cond.notify_all()
         if batch is None:
             raise StopIteration
         return batch
+
+    def round_one(self):
+        """round() of a single iterator, without combining."""
+        ok = False
+        try:
+            try:
+                b = self.iters[0].next()
+            except StopIteration:
+                b = None
+            ok = True
+        finally:
+            self.rounds += 1
+            if not ok:
+                self.done = True
+        if b is None:
+            self.done = True
+            return None
+        return list(b.data), [] if b.label is None else list(b.label), b.pad, b.index
 
     def round(self):
         """Pull one batch from every iterator; None at the end of the data."""
@@ -80,15 +113,21 @@ class _Feed:
             if b is None or b.pad != first.pad:
                 self.done = True
                 raise AssertionError(_MISMATCH)
-        return mx.io.DataBatch(
-            sum([list(b.data) for b in batches], []),
-            sum([[] if b.label is None else list(b.label) for b in batches], []),
-            first.pad, first.index)
+        # The parts of the combined batch: the consumer's thread makes the
+        # DataBatch (as mx's class does), so the prefetcher copies a tuple and
+        # lists, not a DataBatch's attributes.
+        return (sum([list(b.data) for b in batches], []),
+                sum([[] if b.label is None else list(b.label) for b in batches], []),
+                first.pad, first.index)
 
     def took_one(self):
-        with self.cond:
-            self.taken += 1
-            self.cond.notify_all()
+        # Only the consumer's thread writes ``taken``; the condition is taken
+        # only when the publisher waits on it (``waiting`` is set, under the
+        # condition, before the publisher reads ``taken``), not per batch.
+        self.taken += 1
+        if self.waiting:
+            with self.cond:
+                self.cond.notify_all()
 
     def stop(self, wait=False):
         """No round starts after this; with ``wait``, also waits for the round
@@ -115,11 +154,13 @@ class _Feed:
 
 
 def _shutdown(feed, pf):
-    feed.stop()  # first: the fetch thread may be parked in the feed's wait
+    feed.stop()  # first: the publisher thread may be parked in the feed's wait
     pf.close()
 
 
 def _descs(iters, renames, attr):
+    if renames is None and len(iters) == 1:
+        return list(getattr(iters[0], attr, None) or [])
     if renames is None:
         return sum([list(getattr(i, attr, None) or []) for i in iters], [])
     return sum([[
@@ -179,10 +220,10 @@ class PrefetchingIter(mx.io.DataIter):
                     and callable(getattr(it, "reset", None))):
                 raise TypeError(
                     f"iters: each must have next() and reset() (a DataIter), got {it!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int):
-            raise TypeError(f"depth must be an int >= 1, got {depth!r} ({type(depth).__name__})")
-        if depth < 1:
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        # Every option checked here, by the rules Prefetcher applies (one set of
+        # messages), before any prefetcher exists.
+        depth = Options.check("prefetch", name=name, depth=depth, workers=workers, max_bytes=max_bytes,
+                              timeout=timeout).depth
         if device is not None:
             as_context(device)   # fail here, before any prefetcher exists
         self.n_iter = len(iters)
@@ -249,9 +290,9 @@ class PrefetchingIter(mx.io.DataIter):
             self._exhausted = True
             return False
         self._feed.took_one()
-        batch.provide_data = self.provide_data
-        batch.provide_label = self.provide_label
-        self.current_batch = batch
+        data, label, pad, index = batch
+        self.current_batch = mx.io.DataBatch(data, label, pad, index, provide_data=self.provide_data,
+                                             provide_label=self.provide_label)
         return True
 
     def next(self):

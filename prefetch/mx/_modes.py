@@ -1,16 +1,16 @@
-"""MXNet's NumPy modes carried over to the fetch thread, registered on import.
+"""MXNet's NumPy modes carried over to the publisher and loader threads, registered on import.
 
 ``npx.set_np()`` turns on NumPy-shape semantics (0-d and empty shapes valid)
 and NumPy-array semantics (Gluon's batchify and blocks make and take
 ``mx.np.ndarray``), and MXNet keeps both per thread. A source runs on the
-prefetcher's fetch thread: without its creator's modes a Gluon DataLoader's
+prefetcher's publisher thread (a dataset on a loader's threads): without its creator's modes a Gluon DataLoader's
 batchify would stack mx.np samples with a legacy operator (a TypeError) and
 0-d arrays would be unknown shapes. So each Prefetcher's constructor captures
-the modes of its thread, and its fetch thread sets them before its first
-``next(source)``.
+the modes of its thread, and those threads set them before their first
+``next(source)`` (or ``dataset[i]``).
 
 Threading contract: ``capture_np_modes`` runs in the Prefetcher constructor;
-``_apply`` on the fetch thread, before the source runs there.
+``_apply`` on those threads, before the source runs there.
 """
 import functools
 
@@ -19,7 +19,7 @@ from prefetch.mx._mxnet import mx
 
 
 def capture_np_modes():
-    """The modes of this thread to set on a fetch thread, or None when off (the
+    """The modes of this thread to set on a publisher or loader thread, or None when off (the
     default of a new thread)."""
     shape, array = mx.util.is_np_shape(), mx.util.is_np_array()
     if not (shape or array):

@@ -1,7 +1,8 @@
 """NDArray leaves and DataBatch containers, registered on import.
 
-Threading contract: ``_copy_ndarray`` and the DataBatch hooks run on a
-prefetcher's fetch thread with the GIL held; ``engine_sync`` runs in close().
+Threading contract: ``_copy_ndarray`` and the DataBatch hooks run on the
+thread that copies the batch (a Prefetcher's publisher thread, a Loader's
+threads) with the GIL held; ``engine_sync`` runs in close().
 """
 import copy
 import ctypes
@@ -19,7 +20,7 @@ _previous = weakref.WeakKeyDictionary()
 
 def _throttle(plan):
     """At a batch's first NDArray: wait until the engine has run the previous
-    batch's copies. The fetch thread then runs at most about one batch ahead
+    batch's copies. The copying thread then runs at most about one batch ahead
     of the engine, so a source that allocates every batch (an NDArrayIter's
     slices, a DataLoader's stacked batch) keeps no backlog of large arrays
     alive, each a fresh allocation that page-faults (measured with a Gluon
@@ -40,7 +41,9 @@ def _throttle(plan):
 def _copy_ndarray(nd, plan):
     """Leaf hook: a fresh NDArray with ``nd``'s shape, dtype and values.
 
-    One engine op, issued from C (``_engine.copy_leaf``), copies ``nd`` straight
+    A small array on the host (under 64 KiB) is copied at once into a pool
+    block on the copying thread (no engine op: its reader waits for nothing).
+    Otherwise one engine op, issued from C (``_engine.copy_leaf``), copies ``nd`` straight
     to where the leaf is handed out: the prefetcher's device context if it has
     one, else a pool block on cpu(0) (or ``nd``'s own context when that is not
     cpu(0) or cpu_shared). The engine orders the copy after the op that writes
@@ -50,6 +53,11 @@ def _copy_ndarray(nd, plan):
     MXNet's own copy, equally unwaited, under NumPy-shape semantics
     (_np_shape_copy). The copy has ``nd``'s type: ``mx.np.ndarray`` or NDArray.
     """
+    if plan.device is None:
+        # A small array on the host is copied here, at once: nothing to throttle.
+        out = _engine.copy_leaf(nd, plan, None, True)
+        if out is not None:
+            return out
     copies = _throttle(plan)
     ctx = getattr(plan.device, "ctx", None)
     out = _engine.copy_leaf(nd, plan, ctx)
@@ -69,7 +77,7 @@ def _np_shape_copy(nd, ctx):
     """``nd.copyto(ctx)`` under NumPy-shape semantics.
 
     MXNet keeps that mode per thread (npx.set_np() sets it on the caller's
-    thread only). The fetch thread has its creator's (_modes), but an array
+    thread only). The copying thread has its creator's (_modes), but an array
     may come from a thread in another mode, and in the legacy mode a 0-d
     shape or a 0 in a shape means "unknown": copying a 0-d or empty array
     fails there with "Operator _copyto inferring shapes failed". NumPy-shape

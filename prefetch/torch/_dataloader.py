@@ -14,8 +14,13 @@ everything else on the consumer's thread.
 """
 from __future__ import annotations
 
+import base64
 import collections.abc
 import copy
+import functools
+import inspect
+import itertools
+import os
 import random
 import threading
 import warnings
@@ -27,8 +32,10 @@ from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
-from prefetch import ClosedError, Loader
+from prefetch import Loader
 from prefetch import map as prefetch_map
+from prefetch._core import MAP_KEYS_UNCHECKED
+from prefetch._options import check_num_workers
 from prefetch.torch._torch import torch
 
 __all__ = ["DataLoader", "get_worker_info"]
@@ -73,61 +80,100 @@ def _worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
 class _Batches:
     """The index batches of a torch epoch, as the Loader's batch sampler.
 
-    Seen only as an iterable: the Loader calls ``set_epoch`` on a sampler that
-    has one, and torch's DataLoader never does (the user does). It remembers
-    the batches the Loader has read and not handed out yet: after a batch's
-    error the Loader's epoch ends, and torch's goes on with the next batch, so
-    the next Loader epoch replays those batches, then reads on.
+    The sampler is read on the consumer's thread, as torch's main process
+    reads it: ``ahead`` batches when the epoch begins, then one more for each
+    batch handed out (``read_to``), so when a sampler draws from a generator
+    (``RandomSampler``'s last draw comes when it is read to its end) does not
+    depend on how far the threads have got. The Loader's threads take the
+    batches read; its bound on batches opened ahead of the consumer keeps
+    them behind the reading.
+
+    Seen only as an iterable, iterated once per torch epoch: the Loader
+    calls ``set_epoch`` on a sampler that has one, and torch's DataLoader
+    never does (the user does).
     """
 
     def __init__(self, sampler: Any, single: bool) -> None:
         self.sampler = sampler
         self.single = single          # batch_size=None: each index is a batch of its own
-        self.lock = threading.Lock()  # the Loader's threads read; the consumer hands out
+        self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
         self.restart()
 
-    def restart(self) -> None:
-        """A new torch epoch: a new iteration of the sampler."""
+    def restart(self, skip: int = 0) -> None:
+        """A new torch epoch: a new iteration of the sampler, without its
+        first ``skip`` batches (a resumed state: read and dropped here)."""
         with self.lock:
             self.source = ([i] for i in self.sampler) if self.single else iter(self.sampler)
-            self.pending: collections.deque[Any] = collections.deque()  # read, not handed out
-            self.unread: collections.deque[Any] = collections.deque()   # to replay first
-            self.reader: object = None
-            self.failed = False       # the sampler raised: the epoch cannot go on
+            for _ in itertools.islice(self.source, skip):
+                pass
+            self.read: collections.deque[Any] = collections.deque()   # read, not taken by a thread
+            self.tries = 0            # reads of the sampler this epoch (the one that ended it too)
+            self.exhausted = False    # the sampler ended (or raised)
+            self.epoch = object()     # the Loader epoch of an earlier one takes nothing more
+
+    def read_to(self, tries: int) -> None:
+        """Reads the sampler (consumer's thread) until it has been read
+        ``tries`` times this epoch or has ended. Its error is the batch's it
+        replaces: a loader thread raises it there, in the epoch's order."""
+        with self.lock:
+            while self.tries < tries and not self.exhausted:
+                self.tries += 1
+                try:
+                    self.read.append(next(self.source))
+                except StopIteration:
+                    self.exhausted = True
+                except Exception as exc:
+                    self.exhausted = True
+                    self.read.append(_Raise(exc))
 
     def __iter__(self) -> Any:
-        """A Loader epoch: replays what no earlier one handed out, then reads on."""
-        with self.lock:
-            token = self.reader = object()
-            self.unread = collections.deque([*self.pending, *self.unread])
-            self.pending.clear()
-        return self._read(token)
+        """The Loader's epoch: the batches read, in order."""
+        return self._take(self.epoch)
 
-    def _read(self, token: object) -> Any:
+    def _take(self, epoch: object) -> Any:
         while True:
             with self.lock:
-                if self.reader is not token:
-                    return            # a later Loader epoch reads now
-                if self.unread:
-                    keys = self.unread.popleft()
+                if self.epoch is not epoch:
+                    return            # a later epoch began (its batches are its own)
+                if self.read:
+                    keys = self.read.popleft()
+                elif self.exhausted:
+                    return
                 else:
+                    # Ahead of the reading (the Loader's bound keeps its
+                    # threads behind it): read here rather than wait.
+                    self.tries += 1
                     try:
                         keys = next(self.source)
                     except StopIteration:
+                        self.exhausted = True
                         return
                     except BaseException:
-                        self.failed = True
+                        self.exhausted = True
                         raise
-                self.pending.append(keys)
+                if type(keys) is _Raise:
+                    raise keys.exc
             yield keys
-
-    def handed_out(self) -> None:
-        """The oldest pending batch reached the consumer (or failed there)."""
-        with self.lock:
-            self.pending.popleft()
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+
+class _Raise:
+    """The sampler's error, read in place of a batch."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+class _IndexLoader(Loader):
+    """A Loader that passes each index object of torch's sampler to
+    ``dataset[...]`` as torch does (any object: a list for bulk loading, a
+    key of the dataset's own), unchecked; the dataset raises for a bad one."""
+
+    def _keys(self, epoch: int) -> Any:
+        batches, _, rows = super()._keys(epoch)
+        return batches, MAP_KEYS_UNCHECKED, rows
 
 
 class _OneSample:
@@ -151,16 +197,10 @@ class _InitThread:
         self.dataset = dataset
         self.worker_init_fn = worker_init_fn
 
-        self.failed = False   # worker_init_fn raised: that thread is gone, the epoch cannot go on
-
     def __call__(self, worker_id: int) -> None:
         _local.info = _worker_info(worker_id, self.num_workers, self.base_seed, self.dataset)
         if self.worker_init_fn is not None and self.num_workers > 0:
-            try:
-                self.worker_init_fn(worker_id)
-            except BaseException:
-                self.failed = True
-                raise
+            self.worker_init_fn(worker_id)
 
 
 class _Shard:
@@ -196,6 +236,15 @@ class _Shard:
             self.turn.wait_for(lambda: self.next_task == task or self.cancelled)
             if self.cancelled:
                 return _NOTHING
+        try:
+            return self.fetch()
+        finally:
+            with self.turn:
+                self.next_task = task + 1
+                self.turn.notify_all()
+
+    def fetch(self) -> Any:
+        """The replica's next batch, on the calling thread as this worker."""
         saved = getattr(_local, "info", _NOTHING)
         _local.info = self.info
         try:
@@ -205,9 +254,6 @@ class _Shard:
                 del _local.info
             else:
                 _local.info = saved
-            with self.turn:
-                self.next_task = task + 1
-                self.turn.notify_all()
 
     def cancel(self) -> None:
         """The epoch ended (end, error, close): a task waiting for its turn
@@ -255,13 +301,69 @@ def _tasks(shards: list[_Shard]) -> Any:
         if not live:
             return
         for s in live:
-            yield s, s.issued
+            yield functools.partial(s.run, s.issued)
             s.issued += 1
 
 
-def _run_task(task: tuple[_Shard, int]) -> Any:
-    shard, number = task
-    return shard.run(number)
+class _AnyShard:
+    """in_order=False: each task takes the next batch of a shard no other
+    thread is iterating (round-robin among those), so a worker held inside
+    its dataset holds back only its own batches, as a worker process does.
+    Tasks take their shard in the order they were issued, so a shard's
+    batches are numbered in its own order. There are as many threads as
+    shards: a task finds one free, or all ended."""
+
+    def __init__(self, shards: list[_Shard]) -> None:
+        self.shards = shards
+        self.free = threading.Condition()
+        self.busy: set[int] = set()
+        self.turn = 0          # the shard tried first next
+        self.serving = 0       # the task whose turn it is to take a shard
+        self.cancelled = False
+
+    def tasks(self) -> Any:
+        for task in itertools.count():
+            if all(s.ended for s in self.shards):
+                return
+            yield functools.partial(self.run, task)
+
+    def run(self, task: int) -> Any:
+        n = len(self.shards)
+        with self.free:
+            while True:
+                if self.cancelled:
+                    return _NOTHING
+                if self.serving == task:
+                    order = [self.shards[(self.turn + j) % n] for j in range(n)]
+                    live = [s for s in order if not s.ended]
+                    shard = next((s for s in live if s.id not in self.busy), None)
+                    if shard is not None or not live:
+                        break
+                self.free.wait()
+            self.serving += 1
+            self.free.notify_all()
+            if shard is None:
+                return _NOTHING
+            self.busy.add(shard.id)
+            self.turn = shard.id + 1
+        try:
+            return shard.fetch()
+        finally:
+            with self.free:
+                self.busy.discard(shard.id)
+                self.free.notify_all()
+
+    def cancel(self) -> None:
+        with self.free:
+            self.cancelled = True
+            self.free.notify_all()
+
+
+def _run_task(task: Any) -> Any:
+    return task()
+
+
+_TORCH_INIT = inspect.signature(torch.utils.data.DataLoader.__init__)
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -284,39 +386,148 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       raised as the same object with its own traceback and a note naming the
       sample and the thread (torch re-raises a copy with the worker's traceback
       as text); after a map-style dataset's or ``collate_fn``'s error, ``next()``
-      goes on with the next batch, as torch's does (with ``in_order=True``);
+      goes on with the next batch, as torch's does;
       any other error ends the epoch;
-    - a map-style dataset needs ``__len__``, and its sampler must give int
-      indices in ``range(len(dataset))``;
+    - a map-style dataset needs ``__len__`` (its indices are passed to
+      ``dataset[...]`` as the sampler gives them, as torch does);
     - ``timeout`` also applies with ``num_workers=0``; on expiry it raises
       torch's ``RuntimeError('DataLoader timed out after N seconds')`` (from a
       ``TimeoutError`` naming the batch waited for);
     - ``pin_memory``: batches are pinned on the consumer's thread when an
       accelerator is available (torch pins on a thread of its own); without
       one it warns as torch does and does nothing;
-    - ``prefetch_factor``: ``prefetch_factor * max(num_workers, 1)`` batches
-      are prepared ahead; ``in_order=False``: batches come out as they
+    - ``prefetch_factor``: as in torch, at most ``prefetch_factor *
+      num_workers`` batches are loaded ahead of the consumer (with
+      ``num_workers=0``, ``prefetch_factor * 1``: torch loads none ahead then); ``in_order=False``: batches come out as they
       complete; ``persistent_workers``: the threads (with an IterableDataset,
       each worker's replica) are kept across epochs, and ``worker_init_fn``
       runs once;
     - ``multiprocessing_context`` is validated as torch does and then ignored;
-      more threads than CPUs draw no warning (they cost little);
+      more workers than CPUs draw torch's warning, said of threads;
     - seeds: each thread's ``get_worker_info().seed`` is torch's
       ``base_seed + worker_id``, drawn from ``generator`` (or torch's global
       generator) as torch draws it, so a shuffled order is the one torch gives
-      for the same seed; the process-wide ``random``/``torch``/``numpy``
+      for the same seed; the sampler is read on the consumer's thread, as
+      torch's main process reads it (``prefetch_factor * num_workers`` batches
+      ahead; with ``num_workers=0``, ``prefetch_factor`` ahead where torch reads
+      none), so the generator's later draws do not depend on the threads'
+      timing; the process-wide ``random``/``torch``/``numpy``
       generators are not reseeded per thread (they are shared): use
-      ``get_worker_info().rng``.
+      ``get_worker_info().rng``, or, in a map-style dataset,
+      ``prefetch.sample_rng()`` (seeded from torch's base seed: the same
+      torch seed gives the same draws, whichever thread loads the sample).
     ``close()`` (or ``with``) releases persistent threads at once; otherwise
     they go with the DataLoader.
     """
 
-    def _get_iterator(self) -> _ThreadIter:
-        return _ThreadIter(self)
+    _resume: dict[str, Any] | None = None   # load_state_dict(): what the next epoch continues
+    _last: Any = None                        # weakref of the iterator made last
 
-    def check_worker_number_rationality(self) -> None:
-        """torch warns when num_workers exceeds the CPUs, about processes;
-        threads waiting on I/O beyond the CPU count are cheap: no warning."""
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            given = _TORCH_INIT.bind(self, *args, **kwargs).arguments
+        except TypeError:
+            given = {}   # a call torch refuses: torch's own __init__ says why, below
+        if "num_workers" in given:
+            check_num_workers(given["num_workers"])
+        super().__init__(*args, **kwargs)
+        self._gil_noticed = [False]   # the iterators' GIL notice was given (see _ThreadIter)
+
+    __init__.__signature__ = _TORCH_INIT  # type: ignore[attr-defined]  # torch's, for help() and IDEs
+
+
+    def _get_iterator(self) -> _ThreadIter:
+        if self.num_workers:
+            self.check_worker_number_rationality()   # as torch, for each new iterator (the same depth)
+        it = _ThreadIter(self)
+        self._last = weakref.ref(it)
+        return it
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration is, as torchdata's ``StatefulDataLoader`` gives
+        it: a small JSON-serialisable dict (the random generator's states at
+        the iterator's and the epoch's start, the batches handed out in the
+        epoch, the dataset's length and the batch size). Save it beside a
+        model's (``torch.save``) and give it to ``load_state_dict`` of a new
+        DataLoader over the same data to continue with the batches an
+        uninterrupted run would have handed out next. Map-style datasets
+        only; a sampler that draws from torch's global generator other than
+        at its start (``RandomSampler`` draws there only) is not restored."""
+        if self._resume is not None:
+            return dict(self._resume)
+        last = self._last() if self._last is not None else None
+        if isinstance(self.dataset, IterableDataset):
+            raise TypeError("state_dict() is for a map-style dataset; an IterableDataset's position "
+                            "is its own to save")
+        state = {"format": "prefetch.torch.DataLoader", "version": 1, "dataset_length": len(self.dataset),
+                 "batch_size": self.batch_size}
+        if last is None or last._epoch_rng is None:
+            generator = self.generator if self.generator is not None else torch.default_generator
+            rng = _b64(generator.get_state())
+            return dict(state, iterator_rng=rng, epoch_rng=None, batches=0)
+        if last._done:
+            # Ended: the next epoch draws from where the generator is now.
+            generator = self.generator if self.generator is not None else torch.default_generator
+            rng = _b64(generator.get_state())
+            return dict(state, iterator_rng=rng, epoch_rng=None, batches=0)
+        return dict(state, iterator_rng=last._iter_rng, epoch_rng=last._epoch_rng, batches=last._handed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next ``iter(loader)`` continues where ``state`` (from
+        ``state_dict()``) was taken; ValueError for a state that does not
+        fit this DataLoader (it is then unchanged)."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from DataLoader.state_dict(), got {type(state).__name__}")
+        if state.get("format") != "prefetch.torch.DataLoader" or state.get("version") != 1:
+            raise ValueError(f"state is not a version 1 prefetch.torch.DataLoader state (format "
+                             f"{state.get('format')!r}, version {state.get('version')!r})")
+        keys = ("dataset_length", "batch_size", "iterator_rng", "epoch_rng", "batches")
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise ValueError(f"state lacks {', '.join(map(repr, missing))} (truncated or edited?)")
+        if state["dataset_length"] != len(self.dataset):
+            raise ValueError(f"state was saved for a dataset of length {state['dataset_length']!r}; "
+                             f"this DataLoader's has length {len(self.dataset)}")
+        if state["batch_size"] != self.batch_size:
+            raise ValueError(f"state was saved with batch_size={state['batch_size']!r}; this "
+                             f"DataLoader has batch_size={self.batch_size!r}")
+        batches = state["batches"]
+        if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= len(self):
+            raise ValueError(f"state has batches={batches!r}, not a count of this DataLoader's "
+                             f"{len(self)} batches (edited?)")
+        try:
+            for k in ("iterator_rng", "epoch_rng"):
+                if state[k] is not None:
+                    _unb64(state[k])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"state has a bad generator state (edited?): {exc}") from None
+        it = self._iterator
+        if isinstance(it, _ThreadIter) and not it._done:
+            raise RuntimeError("cannot load a state while an epoch is in progress; load it before "
+                               "iterating, or once the epoch has ended")
+        self._resume = dict(state)
+
+    def check_worker_number_rationality(self, stacklevel: int = 4) -> None:
+        """torch's warning when ``num_workers`` exceeds the CPUs this process
+        may use (``torch._utils.cpu_count()``), said of threads: the same
+        ``UserWarning``, with torch's wording but "worker threads". It points
+        at the user's line from torch's ``__init__`` (under this class's) and
+        from ``_get_iterator`` (under torch's ``__iter__``): 4 frames up."""
+        if not self.num_workers:
+            return
+        cpus = torch._utils.cpu_count()
+        if cpus is not None and self.num_workers <= cpus:
+            return
+        if cpus is None:
+            suggested = "DataLoader is not able to compute a suggested max number of worker in current system."
+        else:
+            cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
+            suggested = (f"Our suggested max number of worker in current system is {cpus}{cpuset}, which is "
+                         "smaller than what this DataLoader is going to create.")
+        warnings.warn(f"This DataLoader will create {self.num_workers} worker threads in total. {suggested} "
+                      "Please be aware that excessive worker creation might get DataLoader running slow or "
+                      "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
+                      UserWarning, stacklevel=stacklevel)
 
     def close(self) -> None:
         """Stops the persistent threads, if any (idempotent). An iteration in
@@ -332,21 +543,84 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.close()
 
 
+def _b64(state: Any) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _unb64(text: str) -> Any:
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+
+
+def _leaf_collection(obj: Any) -> bool:
+    """A collection the Loader keeps whole (a leaf) and torch's
+    default_collate takes apart: a Mapping that is no dict (a ``UserDict``,
+    a read-only ``Mapping``), a Sequence that is no list, tuple or string
+    (a ``range``, a ``UserList``)."""
+    if isinstance(obj, collections.abc.Mapping):
+        return not isinstance(obj, dict)
+    return isinstance(obj, collections.abc.Sequence) and not isinstance(obj, (list, tuple, str, bytes))
+
+
+_NODES = (list, tuple, dict, np.ndarray)
+
+
+def _item(child: Any) -> Any:
+    """A child of a sequence node: a column of objects (no node, no array
+    among them: strings...) as the tuple torch gives; anything else converted."""
+    if type(child) is list and child and not any(isinstance(v, _NODES) or _leaf_collection(v) for v in child):
+        return tuple(child)
+    return _as_torch(child)
+
+
 def _as_torch(batch: Any) -> Any:
     """A Loader-collated batch as torch's default_collate gives it: numpy
     arrays as tensors over the same memory, tuples as lists (torch's
-    backwards compatibility); namedtuples, dicts, lists and strings kept."""
+    backwards compatibility); namedtuples, dicts, lists and strings kept.
+
+    Mappings keep their type as torch's do: a dict subclass (which the
+    Loader rebuilds as a node) through ``copy.copy(batch).update(...)``, or
+    its constructor when immutable, else a dict. Any other Mapping (a
+    ``UserDict``, a read-only ``Mapping``) is a leaf to the Loader, so its
+    column is the list of the samples' own objects: torch's default_collate
+    stacks that list here, on the consumer's thread. Sequences likewise: a
+    list subclass keeps its type (``copy.copy(batch)`` refilled, as torch),
+    a tuple subclass becomes a list, and any other Sequence (a ``range``) is
+    a leaf stacked by torch's default_collate. Inside a sequence, a column of
+    strings (or other objects) is a tuple, as torch's ``zip(*batch)`` gives
+    it; elsewhere a list."""
     t = type(batch)
     if t is np.ndarray:
         return torch.from_numpy(batch)
     if t is dict:
         return {k: _as_torch(v) for k, v in batch.items()}
+    if t is list and batch and all(_leaf_collection(v) for v in batch):
+        # A leaf collection is one to the Loader: only a column holds those.
+        return default_collate(batch)
     if t is list or t is tuple:
-        return [_as_torch(v) for v in batch]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return t(*(_as_torch(v) for v in batch))
+        return [_item(v) for v in batch]
+    if isinstance(batch, tuple):
+        if hasattr(batch, "_fields"):
+            return t(*(_item(v) for v in batch))
+        return [_item(v) for v in batch]
+    if isinstance(batch, list):   # a subclass, rebuilt by the Loader with its type
+        converted = [_item(v) for v in batch]
+        try:
+            clone = copy.copy(batch)
+            for i, v in enumerate(converted):
+                clone[i] = v
+            return clone
+        except TypeError:   # as torch
+            return converted
     if isinstance(batch, collections.abc.Mapping):
-        return t({k: _as_torch(v) for k, v in batch.items()})
+        items = {k: _as_torch(v) for k, v in batch.items()}
+        try:
+            if isinstance(batch, collections.abc.MutableMapping):
+                clone = copy.copy(batch)
+                clone.update(items)
+                return clone
+            return t(items)
+        except TypeError:   # as torch: no copy()/update(mapping)/__init__(mapping)
+            return items
     return batch
 
 
@@ -369,36 +643,59 @@ class _ThreadIter:
         self._iterable = isinstance(loader.dataset, IterableDataset)
         self._num_workers = loader.num_workers
         self._persistent = loader.persistent_workers and loader.num_workers > 0
-        self._ordered = loader.in_order
         threads = max(loader.num_workers, 1)
-        options = dict(workers=threads, ordered=loader.in_order,
-                       depth=(loader.prefetch_factor or 2) * threads,
+        # torch's bound: at most prefetch_factor * num_workers batches loaded
+        # (or loading) that the consumer has not taken.
+        self._ahead = (loader.prefetch_factor or 2) * threads
+        options = dict(workers=threads, ordered=loader.in_order, depth=self._ahead,
                        timeout=loader.timeout or None, name="torch-DataLoader")
         # Drawn as torch draws it, before the sampler runs: the same generator
-        # state gives the same shuffle as torch's.
+        # state gives the same shuffle as torch's. A resumed state sets the
+        # generator to where it was (torch's global one only for the draw).
+        self._generator = loader.generator if loader.generator is not None else torch.default_generator
+        resume = loader._resume
+        users = None
+        if resume is not None and loader.generator is None:
+            users = torch.default_generator.get_state()
+        if resume is not None:
+            self._generator.set_state(_unb64(resume["iterator_rng"]))
+        self._iter_rng = _b64(self._generator.get_state())
+        self._epoch_rng: str | None = None
+        self._handed = self._skipped = 0   # batches of the epoch handed out (or failed), and skipped
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        self._shards: list[_Shard] = []
+        if users is not None:
+            torch.default_generator.set_state(users)
         self._batches: _Batches | None = None
-        self._init: _InitThread | None = None
         if self._iterable:
-            self._shards = [_Shard(w, loader, base_seed) for w in range(threads)]
-            self._source: Any = _ShardMap(self._shards, options)
+            shards = [_Shard(w, loader, base_seed) for w in range(threads)]
+            self._source: Any = _ShardMap(shards, options, self._ahead)
         else:
             auto = loader._auto_collation
             self._batches = _Batches(self._index_sampler, single=not auto)
-            self._init = _InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
+            init = _InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
             # torch's default_collate: the Loader's own collate gives the same batches,
             # each sample copied once into its row (torch stacks a list, then copies
             # again into shared memory); _as_torch turns its numpy leaves into tensors.
             self._convert = auto and loader.collate_fn is default_collate
             collate = None if self._convert else loader.collate_fn if auto else _OneSample(loader.collate_fn)
-            self._source = Loader(loader.dataset, batch_sampler=self._batches, collate=collate,
-                                  worker_init=self._init, **options)
+            # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
+            self._source = _IndexLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
+                                        worker_init=init, seed=base_seed, **options)
+            self._source._stage.set_lookahead(self._ahead)
+            # A batch's error is that batch's; the epoch goes on (torch's does).
+            self._source._stage.set_continue_after_failure(True)
+            gauge = self._source._stage.gauge
+            gauge.remedy = ("torch.utils.data.DataLoader(dataset, num_workers=N) (processes), wrapped in "
+                            "prefetch.Prefetcher to keep the same batch guarantees")
+            # One GIL notice per DataLoader, though each epoch without persistent workers
+            # has a Loader of its own.
+            self._gil_noticed = loader._gil_noticed
+            gauge.noticed = self._gil_noticed[0]
         # torch's iterators have no close(): one dropped mid-epoch closes its loader.
         weakref.finalize(self, self._source.close)
-        self._resume = self._done = False
+        self._done = False
         self._convert = getattr(self, "_convert", False)
-        self._yielded = 0
+        self._yielded = self._taken = 0   # batches of the epoch handed out; and failed too
         self._epoch: Any = None
         self._reset(loader)
 
@@ -406,13 +703,38 @@ class _ThreadIter:
         """An epoch begins (torch calls it again for each epoch of persistent
         workers: same threads, same replicas)."""
         self._len_called = loader._IterableDataset_len_called
-        if self._epoch is not None and not self._yielded and not self._done and not self._resume:
+        if self._epoch is not None and not self._taken and not self._done:
             return   # nothing taken from the epoch begun: it is this one
-        self._yielded = 0
-        self._done = self._resume = False
+        self._yielded = self._taken = 0
+        self._done = False
         if self._batches is not None:
-            self._batches.restart()
+            self._restart(loader)
         self._epoch = iter(self._source)
+
+    def _restart(self, loader: DataLoader) -> None:
+        """The sampler's new epoch: its generator state saved first, then its
+        first batches read, as torch reads them; with a resumed state,
+        restored first, and the batches handed out before skipped."""
+        batches = self._batches
+        assert batches is not None
+        resume, loader._resume = loader._resume, None
+        self._handed = self._skipped = 0
+        if resume is None:
+            self._epoch_rng = _b64(self._generator.get_state())
+            batches.restart()
+            batches.read_to(self._ahead)
+            return
+        users = torch.default_generator.get_state() if loader.generator is None else None
+        if resume["epoch_rng"] is not None:
+            self._generator.set_state(_unb64(resume["epoch_rng"]))
+        self._epoch_rng = _b64(self._generator.get_state())
+        try:
+            batches.restart(skip=resume["batches"])
+            batches.read_to(self._ahead)   # under the restored state
+        finally:
+            if users is not None:
+                torch.default_generator.set_state(users)
+        self._handed = self._skipped = resume["batches"]
 
     def __iter__(self) -> _ThreadIter:
         return self
@@ -423,9 +745,11 @@ class _ThreadIter:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        if self._resume:   # after a batch's error, go on with the next batch, as torch does
-            self._resume = False
-            self._epoch = iter(self._source)
+        if self._batches is not None:
+            # torch reads one batch more for each it hands out: the one due now too.
+            self._batches.read_to(self._ahead + self._handed - self._skipped + 1)
+        core = self._epoch._core
+        failed = core.failed
         try:
             batch = next(self._epoch)
             while batch is _NOTHING:
@@ -435,21 +759,19 @@ class _ThreadIter:
         except StopIteration:
             self._end(close=not self._persistent)
             raise
-        except Exception as exc:
-            # The Loader's epoch ended with this batch's error (the loader is not
-            # closed while the error is on its way: the weakref finalizer closes
-            # it with this iterator).
-            if self._goes_on(exc):
-                self._batches.handed_out()   # type: ignore[union-attr]
-                self._resume = True
-            else:
+        except BaseException as exc:
+            if core.failed != failed:
+                # That batch's own error (a map-style dataset's, collate_fn's):
+                # the epoch goes on with the next batch, as torch's does.
+                self._handed += 1
+                self._taken += 1
+            elif not (isinstance(exc, KeyboardInterrupt) and core.state == "running"):
+                # Not Ctrl-C while next() waited (nothing taken: the next
+                # next() waits for the same batch, as torch's does): the end.
                 self._end(close=False)
             raise
-        except BaseException:
-            self._end(close=False)
-            raise
-        if self._batches is not None:
-            self._batches.handed_out()
+        self._handed += 1
+        self._taken += 1
         self._yielded += 1
         if self._iterable and self._len_called is not None and self._yielded > self._len_called:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
@@ -461,19 +783,13 @@ class _ThreadIter:
             batch = _pin(batch, self._pin_device)
         return batch
 
-    def _goes_on(self, exc: Exception) -> bool:
-        """Whether the epoch can go on after ``exc``: a map-style dataset's or
-        collate_fn's error for the batch due now (in order); not the sampler's,
-        nor a worker_init_fn's (that thread is gone), nor an IterableDataset's."""
-        return (self._batches is not None and self._init is not None and self._ordered
-                and not isinstance(exc, ClosedError) and not self._batches.failed
-                and not self._init.failed)
-
     def _end(self, close: bool) -> None:
         """The epoch is over: tasks waiting for their turn return; threads go if ``close``."""
         self._done = True
-        for s in self._shards:
-            s.cancel()
+        if self._iterable:
+            self._source.cancel()
+        else:
+            self._gil_noticed[0] = self._gil_noticed[0] or self._source._stage.gauge.noticed
         if close:
             self._source.close()
 
@@ -486,21 +802,35 @@ class _ShardMap:
     tasks, started afresh for each epoch (iterating it again starts the next
     one, as iterating a Loader again does)."""
 
-    def __init__(self, shards: list[_Shard], options: dict[str, Any]) -> None:
+    def __init__(self, shards: list[_Shard], options: dict[str, Any], ahead: int) -> None:
         self.shards = shards
         self.options = options
+        self.ahead = ahead
         self.map: Any = None
+        self.any: _AnyShard | None = None   # in_order=False: the epoch's tasks
 
     def __iter__(self) -> Any:
         self.close()
         for s in self.shards:
             s.reset()
-        self.map = prefetch_map(_run_task, _tasks(self.shards), **self.options)
+        if self.options["ordered"]:
+            tasks = _tasks(self.shards)
+        else:
+            self.any = _AnyShard(self.shards)
+            tasks = self.any.tasks()
+        self.map = prefetch_map(_run_task, tasks, **self.options)
+        self.map._stage.set_lookahead(self.ahead)
         return iter(self.map)
+
+    def cancel(self) -> None:
+        """Tasks waiting for a shard's turn (or a free shard) return."""
+        for s in self.shards:
+            s.cancel()
+        if self.any is not None:
+            self.any.cancel()
 
     def close(self) -> None:
         if self.map is not None:
-            for s in self.shards:
-                s.cancel()
+            self.cancel()
             self.map.close()
             self.map = None

@@ -22,7 +22,7 @@ normally the default stream), so the caching allocator does not reuse its
 memory before the consumer's work on it is done. A consumer that computes on
 another stream must call ``t.record_stream(its_stream)`` itself.
 
-Threading contract: ``deliver`` and ``ready`` run on the fetch thread with the
+Threading contract: ``deliver`` and ``ready`` run on the publisher thread with the
 GIL held, after the batch's host copies are complete; ``close`` in close().
 This path has not been run on a GPU here (tests/pytorch/gpu_check.py checks it).
 """

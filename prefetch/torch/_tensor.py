@@ -38,8 +38,9 @@ cannot see: a C++ weak pointer to the storage
 its shared-memory cache, whose storages are copied anyway, and in compiler
 internals); a source that revives a storage through one is not detected.
 
-Threading contract: ``copy_tensor`` and ``exclusive`` run on a prefetcher's
-fetch thread with the GIL held.
+Threading contract: ``copy_tensor`` and ``exclusive`` run on the thread that
+copies the batch (a Prefetcher's publisher thread, a Loader's threads) with
+the GIL held.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from prefetch._core import _Core
+from support import never_started_core
 
 HAVE_MX = importlib.util.find_spec("mxnet") is not None
 
@@ -124,7 +124,7 @@ def test_huge_timeout_is_not_an_immediate_timeout(timeout):
     it must never overflow into a deadline in the past. Deterministic probe: a core
     whose worker never started answers a waiting take() with "not running" (§4), and
     with TimeoutError only once the deadline has passed, which it cannot have."""
-    core = _Core(iter([np.zeros(1)]), 1, 1, 0, "never-started", None)
+    core = never_started_core(iter([np.zeros(1)]))
     try:
         with pytest.raises(RuntimeError, match="not running"):
             core.take(timeout)

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from prefetch import ClosedError, Prefetcher
-from prefetch._core import _Core
-from support import BlockingSource
+from support import BlockingSource, never_started_core
 
 
 class SourceError(Exception):
@@ -171,7 +170,7 @@ def test_close_returns_when_source_is_stuck_and_warns():
 
 def test_consumer_gets_error_when_worker_is_dead():
     """§4: a consumer waiting on a worker that is not running gets an error, not a hang."""
-    core = _Core(iter([1, 2]), 1, 1, 0, "never-started", None)
+    core = never_started_core(iter([1, 2]))
     with pytest.raises(RuntimeError, match="not running"):
         core.take(None)
     core.close()
@@ -197,7 +196,7 @@ def test_non_iterable_source_fails_in_constructor():
     ({"depth": 0}, ValueError, "depth must be an int >= 1 and <= 1048576, got 0"),
     ({"depth": 2.0}, TypeError, "depth must be an int >= 1, got 2.0"),
     ({"depth": True}, TypeError, "depth .* got True"),
-    ({"workers": 0}, ValueError, "workers must be an int >= 1 and <= 256, got 0"),
+    ({"workers": 0}, ValueError, "workers must be an int >= 1 and <= 1024, got 0"),
     ({"workers": "2"}, TypeError, "workers .* got '2'"),
     ({"timeout": 0}, ValueError, "timeout must be .* got 0"),
     ({"timeout": -1.5}, ValueError, "timeout .* got -1.5"),

@@ -133,6 +133,7 @@ def test_interpreter_exit_with_stuck_source_returns():
     assert "left as a daemon thread" in r.stderr
 
 
+@pytest.mark.fork_with_threads
 def test_fork_child_gets_clear_error_and_parent_continues():
     """§4: after os.fork() the child's inherited prefetcher raises; neither process hangs."""
     r = run_python(textwrap.dedent("""
@@ -162,6 +163,7 @@ def test_fork_child_gets_clear_error_and_parent_continues():
     assert r.stdout.strip() == "ok"
 
 
+@pytest.mark.fork_with_threads
 def test_fork_child_exiting_normally_does_not_hang():
     """§4: the child's own interpreter exit (finalizers included) with inherited prefetchers."""
     r = run_python(textwrap.dedent("""

@@ -6,6 +6,7 @@ failures they guard against are hangs and crashes.
 Synchronisation is by Events, Barriers and by watching a thread's frame (hang.py's
 PRELUDE), never by sleeping.
 """
+import pytest
 from hang import assert_ok, run_case
 
 
@@ -207,15 +208,20 @@ def test_source_closing_its_prefetcher_during_another_close_does_not_wait_for_it
     a false 'worker is stuck' warning."""
     assert_ok(run_case("""
         warnings.simplefilter("error", RuntimeWarning)
-        box, go = [], threading.Event()
+        box, go, inside = [], threading.Event(), threading.Event()
         def src():
             yield np.zeros(1)
+            inside.set()
             go.wait()
             box[0].close()
             yield np.ones(1)
         p = Prefetcher(src(), depth=1)
         box.append(p)
         next(p)
+        # The worker is in the source before close() starts: else close() may close the
+        # ring first, the worker leaves without entering the source, the join ends before
+        # release() sees it, and release() (not a daemon) keeps the process from exiting.
+        inside.wait()
         def release():
             while not in_join():
                 threading.Event().wait(0.001)
@@ -269,6 +275,7 @@ def test_next_from_a_signal_handler_inside_next_raises_instead_of_hanging():
     """, timeout=20), "reentry True 7")
 
 
+@pytest.mark.fork_with_threads
 def test_fork_inside_the_source_with_copy_helpers_child_exits():
     """Item 7: the source forks (workers=2: the copy helpers exist in the parent
     only); the child, on the worker's stack, leaves by sys.exit(), by the generator

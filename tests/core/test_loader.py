@@ -161,7 +161,7 @@ def test_each_loop_is_an_epoch_and_the_threads_persist():
             return 12
 
         def __getitem__(self, i):
-            seen.add(threading.get_ident())
+            seen.add(threading.current_thread())   # the object: an ident may be reused
             return np.full(2, i)
 
     with Loader(Data(), batch_size=3, workers=2) as loader:
@@ -170,7 +170,9 @@ def test_each_loop_is_an_epoch_and_the_threads_persist():
         second = [b.tolist() for b in loader]
         assert loader.stats().workers == 2
     assert first == second
-    assert seen == threads_after_first and len(seen) <= 2
+    # The same two threads in both epochs (one of them may have loaded
+    # nothing in the first: a thread can take a small epoch's work alone).
+    assert threads_after_first <= seen and len(seen) <= 2
 
 
 def test_breaking_out_and_looping_again_starts_a_new_epoch():
@@ -269,8 +271,10 @@ def test_steady_state_reuses_pooled_blocks_across_epochs():
         stats = loader.stats()
     # 40 batches, one block each; alive at once at most: 2 open in the window, 2 in the
     # ring, the one being taken and the one the loop holds (+2 for the order blocks return in).
+    # The window holds the next epoch's first batches too (opened before it starts, issue
+    # 24 item 3): up to 2 more batches.
     assert stats.blocks_allocated <= 8
-    assert stats.blocks_allocated + stats.blocks_reused == 40
+    assert 40 <= stats.blocks_allocated + stats.blocks_reused <= 42
 
 
 # -- errors -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ which only calls next(p)), never by sleeping.
 """
 import textwrap
 
+import pytest
 from hang import PRELUDE, assert_ok, finish, run_case, sigint_when_ready, spawn
 
 # ---------------------------------------------------------------------------
@@ -148,6 +149,32 @@ def test_blocked_consumer_sigint_loses_nothing():
     assert_ok(finish(proc), "interrupted 0 1 2 3")
 
 
+def test_blocked_consumer_sigint_just_before_its_batch_loses_nothing():
+    """§4: a SIGINT that comes while the consumer waits, just before the batch
+    it waits for is published, is raised before that batch is taken: the
+    batch comes with the next next() (issue 23 item 4: it was lost, raised in
+    the caller's frame once next() had returned it)."""
+    assert_ok(run_case("""
+        go = threading.Event()
+        def src():
+            yield np.full(3, 0)
+            go.wait()
+            signal.pthread_kill(MAIN, signal.SIGINT)
+            yield np.full(3, 1)
+            yield np.full(3, 2)
+        p = Prefetcher(src(), depth=2)
+        got = [int(next(p)[0])]
+        when_blocked(go.set)
+        try:
+            next_(p)
+        except KeyboardInterrupt:
+            print("interrupted")
+        got += [int(b[0]) for b in p]
+        print(*got)
+        p.close()
+    """), "interrupted 0 1 2")
+
+
 def test_blocked_consumer_gets_source_error():
     """§4: a source error raised while the consumer waits reaches it, with the note."""
     assert_ok(run_case("""
@@ -193,6 +220,7 @@ def test_blocked_consumer_thread_at_interpreter_exit():
 # ---------------------------------------------------------------------------
 # os.fork() with live prefetchers.
 
+@pytest.mark.fork_with_threads
 def test_fork_with_prefetchers_in_every_state():
     """§4: after fork, every inherited prefetcher raises a clear error in the child, can
     be closed and dropped there, and the child exits; the parent's streams continue."""
@@ -264,6 +292,7 @@ def test_fork_with_prefetchers_in_every_state():
     """), "child 0 parent True True True True")
 
 
+@pytest.mark.fork_with_threads
 def test_fork_repeatedly_during_large_split_copies():
     """§4: forks landing anywhere in the worker's cycle (mid-copy in helper threads,
     in next(source), waiting for room) never deadlock either process."""
@@ -293,6 +322,7 @@ def test_fork_repeatedly_during_large_split_copies():
     """), "40 True []")
 
 
+@pytest.mark.fork_with_threads
 def test_new_prefetcher_works_in_forked_child():
     """§4: the error tells the child to create a new Prefetcher; that one works."""
     assert_ok(run_case("""

@@ -21,22 +21,9 @@ from mxnet import gluon  # noqa: E402
 
 import prefetch.mx  # noqa: E402
 from prefetch.mx import DataLoader  # noqa: E402
-from support import RaisingDataset, SharedDataset, UnpicklableDataset  # noqa: E402
+from support import RaisingDataset, SharedDataset, UnpicklableDataset, assert_same  # noqa: E402
 
 GluonLoader = gluon.data.DataLoader
-
-
-def assert_same(ours, theirs, path="batch"):
-    assert type(ours) is type(theirs), f"{path}: {type(ours)} != {type(theirs)}"
-    if isinstance(theirs, mx.nd.NDArray):
-        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, path
-        assert (ours.asnumpy() == theirs.asnumpy()).all(), path
-    elif isinstance(theirs, (list, tuple)):
-        assert len(ours) == len(theirs), path
-        for k, (a, b) in enumerate(zip(ours, theirs)):
-            assert_same(a, b, f"{path}[{k}]")
-    else:
-        assert ours == theirs, path
 
 
 def epochs(loader, n=2):
@@ -142,7 +129,7 @@ def test_auto_reload_starts_the_next_epoch_and_close_stops_threads():
         assert list(loader) == [[0, 1, 2, 3], [4, 5]]
         assert loader._iter is not None   # and again after the epoch
         assert list(loader) == [[0, 1, 2, 3], [4, 5]]
-    assert loader._loader.closed
+    assert loader._loaders and all(each.closed for each in loader._loaders)
 
 
 def test_timeout_raises_multiprocessings_timeout_error():
@@ -253,3 +240,22 @@ def test_multiprocessing_and_threading_primitives_work():
     batches = list(DataLoader(ds, batch_size=3, batchify_fn=list, num_workers=4))
     assert [s for b in batches for s in b] == list(range(20))
     assert ds.count.value == 20 and ds.most == 1
+
+
+@pytest.mark.parametrize("samples", [
+    [np.full((2, 3), i, np.float32) for i in range(10)],
+    [(np.full((2,), i, np.float16), i, float(i) / 3) for i in range(10)],
+    [((np.arange(3) + i, i), np.int8(i)) for i in range(10)],   # int8: no DLPack wrap, Gluon's way
+    [[i, i + 1] for i in range(10)],
+    [mx.nd.array([i, i]) for i in range(10)],
+    [(np.bool_(i % 2), np.uint8(i)) for i in range(10)],
+], ids=["arrays", "tuples", "nested-int8", "lists", "ndarrays", "bool-uint8"])
+def test_the_default_batchify_gives_gluons_batches(samples):
+    """The drop-in stacks numeric samples with numpy and wraps them as NDArrays
+    without a copy (one copy per batch fewer than Gluon's batchify in a thread,
+    then the Loader's): the batches are Gluon's, types, dtypes and values."""
+    ours = list(DataLoader(samples, batch_size=4, num_workers=2))
+    theirs = list(mx.gluon.data.DataLoader(samples, batch_size=4))
+    assert len(ours) == len(theirs) == 3
+    for a, b in zip(ours, theirs):
+        assert_same(a, b)

@@ -3,6 +3,7 @@
 import ctypes
 import gc
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -56,11 +57,14 @@ def test_refilled_ndarray_source_yields_distinct_batches():
     assert [b.asnumpy()[0, 0] for b in got] == list(range(8))
 
 
-def test_engine_orders_copy_before_a_later_write_to_the_source():
-    """§3 rule 1: the copy is an engine op issued without waiting; a write to
-    the source issued right after (the source's next in-place refill) is
-    ordered after it, and the batch already handed out keeps the old values."""
-    buf = mx.nd.zeros((256, 256))
+@pytest.mark.parametrize("shape", [(256, 256), (4, 3)])
+def test_engine_orders_copy_before_a_later_write_to_the_source(shape):
+    """§3 rule 1: the copy of a large array is an engine op issued without
+    waiting; a write to the source issued right after (the source's next
+    in-place refill) is ordered after it, and the batch already handed out
+    keeps the old values. A small one (issue 23 item 14) is copied at once,
+    once the write before it has run: the same values."""
+    buf = mx.nd.zeros(shape)
 
     def source():
         for k in range(6):
@@ -198,16 +202,36 @@ def test_bad_device_fails_at_construction():
             prefetch.Prefetcher([1], device=mx.gpu(0))
 
 
+class Counted:
+    """A DataIter's next() and reset(), counting the batches read; ``read``
+    is set once ``wanted`` have been."""
+
+    def __init__(self, it, wanted):
+        self.it, self.count, self.wanted = it, 0, wanted
+        self.read = threading.Event()
+        self.provide_data, self.provide_label = it.provide_data, it.provide_label
+
+    def next(self):
+        batch = self.it.next()
+        self.count += 1
+        if self.count >= self.wanted:
+            self.read.set()
+        return batch
+
+    def reset(self):
+        self.it.reset()
+
+
 def test_ndarrays_queued_at_close_are_released():
     """§5: close() drops queued NDArrays and syncs the engine: their pool blocks
     are freed before it returns; only the one behind the batch kept stays."""
     blocks = _live_counts()["blocks"]
-    x = mx.nd.ones((64, 1024))
-    it = pmx.PrefetchingIter(mx.io.NDArrayIter(x, mx.nd.ones(64), 4), depth=4)
+    x = mx.nd.ones((64, 32768))
+    source = Counted(mx.io.NDArrayIter(x, mx.nd.ones(64), 4), wanted=5)
+    it = pmx.PrefetchingIter(source, depth=4)
     kept = it.next().data[0]
-    with it._feed.cond:  # wait until the prefetcher has pulled depth batches ahead
-        assert it._feed.cond.wait_for(lambda: it._feed.rounds >= 5, timeout=15)
-    assert _live_counts()["blocks"] - blocks >= 2 * 4  # data + label of 4 queued batches
+    assert source.read.wait(15)   # the prefetcher has pulled depth batches ahead
+    assert _live_counts()["blocks"] - blocks >= 4  # the data of 4 queued batches
     it.close()
     gc.collect()
     assert _live_counts()["blocks"] - blocks == 1  # only the block behind `kept`

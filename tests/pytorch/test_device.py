@@ -36,11 +36,15 @@ def test_cpu_device_pool_reuse():
     and the pool reuses them once torch frees them."""
     src = np.ones(10_000, np.float32)
     with Prefetcher(itertools.repeat(src), depth=2, device=torch.device("cpu")) as p:
-        for i in range(130):
-            if i == 30:   # warm: the pool holds as many blocks as this loop keeps out
-                steady = p.stats().blocks_allocated
+        for _ in range(130):
             assert next(p).sum().item() == 10_000
-        assert p.stats().blocks_allocated == steady
+        s = p.stats()
+        # Never more blocks than the batches that can be out at once (depth + the one being
+        # filled + the one the loop holds, + 1 while it is being freed), however the threads
+        # were scheduled: a count taken after a warm-up was not a bound (a stall later could
+        # fill the ring for the first time, which CI saw once).
+        assert s.blocks_allocated <= 2 + 3, s
+        assert s.blocks_allocated + s.blocks_reused >= 130, s
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal when CUDA is missing")

@@ -1,0 +1,87 @@
+# _fetch.pxi (included by _core.pyx): the fetch stage behind Prefetcher.
+#
+# next(source) on the publisher thread, one call at a time and in order (an
+# iterator is not thread-safe, and many sources refill one buffer); then the
+# batch copy (_batchcopy.pxi) makes every leaf the prefetcher's own before
+# the next call. A source that forks leaves its child on this thread's stack:
+# there the stage stops and touches nothing of the parent's.
+
+cdef enum Fetching:
+    F_START
+    F_NEXT
+    F_COPY
+    F_DONE
+
+_FETCHING = {
+    F_START: "starting",
+    F_NEXT: "waiting in next(source)",
+    F_COPY: "copying",
+    F_DONE: "finished",
+}
+
+
+@cython.final
+cdef class _FetchStage(_Stage):
+    cdef object source             # the iterator; None once the publisher thread ended
+    cdef _BatchCopy batch_copy
+    cdef object name
+    cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
+    cdef bint _stopped             # stop() ran
+    cdef int _doing
+    cdef uint64_t _fetched         # batches fetched, for the error note
+
+    def __cinit__(self, source, _BatchCopy batch_copy, name):
+        self.source = source
+        self.batch_copy = batch_copy
+        self.name = name
+        batch_copy.new_epoch()
+        self._fork_epoch = pf_fork_epoch()
+
+    cdef int produce(self, _Parts parts) except -1:
+        self._doing = F_NEXT
+        try:
+            item = next(self.source)
+        except (StopIteration, GeneratorExit):
+            return P_END if self._fork_epoch == pf_fork_epoch() else P_STOPPED
+        except BaseException as exc:
+            if self._fork_epoch != pf_fork_epoch():
+                raise   # in a child forked inside the source: its own exception (sys.exit())
+            self.failure = _noted(exc, f"raised in prefetch worker {self.name!r} while fetching "
+                                       f"batch {self._fetched + 1} (counted from 1: the "
+                                       f"{self._fetched} before it are delivered first)")
+            return P_FAILED
+        if self._fork_epoch != pf_fork_epoch():
+            # The source forked and this is the child, on the worker's stack:
+            # the ring, the pool and the copy helpers belong to the parent's
+            # threads (their locks may be held there for ever).
+            return P_STOPPED
+        if self._stopped:
+            return P_STOPPED
+        self._doing = F_COPY
+        try:
+            self.batch_copy.copy(item, parts)
+        except BaseException as exc:
+            if self._stopped:
+                return P_STOPPED   # close() took the pool away
+            self.failure = _noted(exc, f"raised in prefetch worker {self.name!r} while copying "
+                                       f"batch {self._fetched + 1} (counted from 1: the "
+                                       f"{self._fetched} before it are delivered first)")
+            return P_FAILED
+        # The source's object goes before the next next(source): a source
+        # that refills one buffer may check that it is free.
+        item = None
+        self._fetched += 1
+        return P_BATCH
+
+    def stop(self):
+        self._stopped = True
+
+    def finish(self):
+        self._doing = F_DONE
+        self.source = None   # the source's last batch is not kept alive
+
+    def doing(self):
+        return _FETCHING[self._doing]
+
+    def counts(self):
+        return self.batch_copy.counts()

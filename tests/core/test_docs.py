@@ -1,0 +1,94 @@
+"""The README and docs/ (issue 26 item 1): every relative link leads to a file
+of the checkout, every #anchor to a heading of its page, every page of docs/ is
+reachable from the README, and the README stays short. No network: links to
+other sites are not followed."""
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(DOCS), reason="docs/ is not in this tree (an installed wheel)")
+
+
+def _pages():
+    return [README] + sorted(os.path.join(DOCS, f) for f in os.listdir(DOCS) if f.endswith(".md"))
+
+
+def _text_outside_code(path):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _anchors(path):
+    """GitHub's anchors: a heading lower-cased, punctuation dropped, spaces to '-'."""
+    out = set()
+    for line in _text_outside_code(path).splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            title = m.group(1).strip().lower()
+            out.add(re.sub(r"\s", "-", re.sub(r"[^\w\- ]", "", title)))
+    return out
+
+
+def _links(path):
+    return LINK.findall(_text_outside_code(path))
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_link_leads_to_a_file_and_heading_of_the_checkout(page):
+    broken = []
+    for target in _links(page):
+        if re.match(r"[a-z]+:", target):        # https:, mailto: ... (not followed: no network)
+            continue
+        path, _, anchor = target.partition("#")
+        dest = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+        if not os.path.exists(dest):
+            broken.append(f"{target}: no file {os.path.relpath(dest, ROOT)}")
+        elif anchor and dest.endswith(".md") and anchor not in _anchors(dest):
+            broken.append(f"{target}: no heading #{anchor} in {os.path.relpath(dest, ROOT)}")
+    assert not broken, f"{os.path.relpath(page, ROOT)}: " + "; ".join(broken)
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {os.path.normpath(os.path.join(ROOT, t.partition("#")[0])) for t in _links(README)}
+    missing = [os.path.relpath(p, ROOT) for p in _pages()[1:] if p not in linked]
+    assert not missing, f"not linked from README.md: {missing}"
+
+
+def test_every_docs_page_links_back_to_the_readme():
+    lone = [os.path.relpath(p, ROOT) for p in _pages()[1:]
+            if not any(t.partition("#")[0] == "../README.md" for t in _links(p))]
+    assert not lone, f"no link back to the README: {lone}"
+
+
+def test_the_readme_is_short_and_starts_with_the_two_commands():
+    with open(README, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines"
+    head = "\n".join(lines[:8])
+    assert "bash bench/main.sh --quick" in head and "bash tests/run.sh" in head, head
+    assert "prefetch-ring" in "\n".join(lines), "the distribution name"
+
+
+def test_the_anchor_rule_catches_a_missing_heading():
+    anchors = _anchors(os.path.join(DOCS, "contract.md"))
+    assert "memory" in anchors and "no-such-heading" not in anchors
+
+
+def test_the_design_table_has_a_row_for_every_file_of_the_core():
+    """Issue 22 item 6: docs/design.md has one row per stage file; a file added
+    to prefetch/ or csrc/ without its row fails here."""
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+        design = f.read()
+    names = [f"prefetch/{n}" for n in os.listdir(os.path.join(ROOT, "prefetch"))
+             if n.endswith((".pyx", ".pxi", ".py")) and n not in ("__init__.py", "_version.py")]
+    names += [f"csrc/{n.rsplit('.', 1)[0]}" for n in os.listdir(os.path.join(ROOT, "csrc"))
+              if n.startswith("pf_") and n.endswith(".h")]
+    missing = [n for n in names if f"`{n}" not in design]
+    assert not missing, missing
