@@ -161,7 +161,6 @@ cdef class _Publisher:
     cdef object _thread            # the publisher threading.Thread
     cdef tuple _on_thread          # adapters' thread-state applies, run first on the publisher thread
     cdef object _publisher_ident   # its threading.get_ident(), once it runs
-    cdef bint _start_failed        # Thread.start() raised: it may never run
     cdef readonly object name
     cdef readonly str kind         # "prefetcher" or "loader", for messages
     cdef readonly int depth
@@ -190,7 +189,6 @@ cdef class _Core(_Publisher):
     cdef int64_t _consumer_wait_ns
 
     cpdef object take(self, object timeout=*)
-    cdef bint _publisher_gone(self)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
     cdef _check_usable(self)
     cdef _tear_down(self, double grace, at)

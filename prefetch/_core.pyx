@@ -162,14 +162,7 @@ cdef class _Publisher:
         adapters' thread states, prefetch.adapters.register_thread_state)."""
         self._on_thread = tuple(on_thread)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        try:
-            self._thread.start()
-        except BaseException:
-            # Consumers that joined this epoch meanwhile must not wait for a
-            # thread that never comes ("can't start new thread", or Ctrl-C
-            # while start() waited: the thread may be running after all).
-            self._start_failed = True
-            raise
+        self._thread.start()
 
     def _run(self):
         cdef uint64_t slot = 0
@@ -393,7 +386,7 @@ cdef class _Core(_Publisher):
                     raise TimeoutError(
                         f"no batch from {self.kind} {self.name!r} within {timeout} s; it is "
                         f"{self._doing_text()} (batch {self._produced + 1}, counted from 1)")
-                if self._publisher_gone():
+                if self._thread is None or not self._thread.is_alive():
                     # The publisher publishes before it exits; re-check once so
                     # a batch published just before its exit is not missed.
                     rc = pf_ring_acquire(self._ring, 0, &slot)
@@ -407,14 +400,6 @@ cdef class _Core(_Publisher):
             self._acquirer = 0
             lock.release()
             self._consumer_wait_ns += pf_now_ns() - t0
-
-    cdef bint _publisher_gone(self):
-        """The publisher ran and exited, or could not be started. Not a thread
-        that is still starting: the epoch's core is current (other threads
-        join it) before Thread.start() returns, and start() lets them run."""
-        if self._thread is None or self._thread.is_alive():
-            return False
-        return self._publisher_ident is not None or self._start_failed
 
     # -- lifecycle ----------------------------------------------------------
 

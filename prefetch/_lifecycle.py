@@ -71,6 +71,15 @@ class _Lifecycle(_Iterator):
     def _install(self, core: _Core, on_thread: tuple[Callable[[], None], ...] = ()) -> None:
         """Make ``core`` the current epoch's and start it; its publisher thread
         calls each of ``on_thread`` first (the creator's framework modes)."""
+        # Started before it is made current: a thread joining the epoch meets
+        # a publisher that runs or ran, never one still starting (Thread.start()
+        # lets other threads run while it waits, and a thread not yet started
+        # is not alive: it would pass for a dead one).
+        try:
+            core.start(on_thread)
+        except BaseException:
+            core.close()   # Ctrl-C inside start(): the thread may be running
+            raise
         if self._finalizer is not None:
             self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _collected, core, self._owned, self._kind,
@@ -82,7 +91,6 @@ class _Lifecycle(_Iterator):
             atexit.register(_at_exit)
             _exit_hook = True
         self._core = core
-        core.start(on_thread)
 
     def __reduce__(self) -> Any:
         raise TypeError(f"cannot pickle {self!r}: it owns threads and buffers; "
