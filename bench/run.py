@@ -194,8 +194,8 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
     lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note]
     lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
               "inconclusive: the interval still straddles the target after the extra repetitions; not resolved in",
-              "quick mode: a quick run was too short to tell, or missed it while other processes were busy (provisional:",
-              "run without --quick). (busy machine): other processes used the CPUs while it was measured: re-run on",
+              "quick mode: a quick run calls a target only when its interval clears it by 5 %; this one was closer,",
+              "or missed it while other processes were busy (provisional: run without --quick). (busy machine): other processes used the CPUs while it was measured: re-run on",
               "a quiet machine before relying on it. Every ratio is a speed ratio (ours / other, higher is better) unless",
               "its target says cost or time.",
               f"Run: {env['time_utc']}, {wall:.0f} s, {_machine(env)}, numpy {env['numpy']}"
@@ -340,6 +340,8 @@ def _child(a, mods):
 def main(argv=None):
     mods = _sections()
     a = _parser(mods).parse_args(argv)
+    import _stats as S  # needs numpy
+    S.quick_margin = 0.05 if a.quick else 0.0
     a.argv = sys.argv[1:] if argv is None else list(argv)
     if a.child_section:
         return _child(a, mods)

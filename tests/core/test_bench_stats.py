@@ -31,3 +31,22 @@ def test_interval_sorts_and_ignores_non_finite_values():
     xs = [9.0, 1.0, math.nan, 5.0, 3.0, 7.0, math.inf, 2.0, 8.0, 4.0, 6.0, 10.0]
     iv = S.interval(xs)
     assert (iv.median, iv.lo, iv.hi, iv.n) == (5.5, 2.0, 9.0, 10)
+
+
+@pytest.mark.parametrize(("goal", "lo", "hi", "higher", "full", "quick"), [
+    (1.10, 1.12, 1.22, True, S.MET, S.INCONCLUSIVE),     # 1.8 % above the goal: a full run's call only
+    (1.10, 1.16, 1.30, True, S.MET, S.MET),              # 5.5 % above: a quick run calls it too
+    (1.10, 1.00, 1.07, True, S.MISSED, S.INCONCLUSIVE),
+    (1.10, 0.90, 1.00, True, S.MISSED, S.MISSED),
+    (1.0, 0.46, 0.75, False, S.MET, S.MET),              # a cost: lower is better
+    (1.0, 0.97, 0.99, False, S.MET, S.INCONCLUSIVE),
+    (1.0, 1.01, 1.20, False, S.MISSED, S.INCONCLUSIVE),
+])
+def test_quick_mode_calls_a_target_only_with_a_margin(monkeypatch, goal, lo, hi, higher, full, quick):
+    """Issue 26 item 2: two back-to-back quick runs must give the same verdicts, so a
+    quick run calls only what clears its target by a margin; a full run calls the
+    whole interval against the target itself."""
+    iv = S.Interval(median=(lo + hi) / 2, lo=lo, hi=hi, n=10)
+    assert S.judge(iv, goal, higher) == full
+    monkeypatch.setattr(S, "quick_margin", 0.05)
+    assert S.judge(iv, goal, higher) == quick
