@@ -3,11 +3,19 @@
 # After each batch the publisher takes, the stage asks its _Tuner how many
 # threads to run. The batches are measured in windows (>= 3 batches and
 # >= 50 ms). While the publisher waited for the threads and the process leaves
-# CPUs idle, a trial doubles the threads; it is kept only on a >= 5 %
-# measured gain, else the count goes back and no trial goes above it for 50
-# windows (a GIL-bound dataset, or CPUs already full). `reason` says why the
-# count stopped growing (stats().tune_reason); a failed trial asks the gauge
-# (_gauge.pxi) whether its threads took turns on the GIL. Publisher thread only.
+# CPUs idle, a trial doubles the threads; it is kept only when both of its
+# first two windows beat the best of the last three windows before it by >= 5 %
+# (one window is noisy: a single one let the count ratchet up to 8 threads on
+# 2 CPUs, slower than 2, while other loaders ran beside it). A trial past the
+# CPUs also needs threads that spend most of their time off a CPU (I/O); threads
+# that keep their CPUs busy gain nothing from more of them. A failed trial goes
+# back, and no trial goes above it for 50 windows (a GIL-bound dataset, or CPUs
+# already full). `reason` says why the count stopped growing
+# (stats().tune_reason); a failed trial asks the gauge (_gauge.pxi) whether its
+# threads took turns on the GIL. Publisher thread only.
+
+cdef enum:
+    RECENT = 3   # windows at the current count a trial is measured against
 
 @cython.final
 cdef class _Tuner:
@@ -16,13 +24,17 @@ cdef class _Tuner:
     cdef int ceiling               # no trial above this (lowered by a failed trial)
     cdef int retry                 # windows until the ceiling is lifted again
     cdef int trial_from            # the count before the trial running, or 0
-    cdef double trial_rate         # samples/s before the trial
+    cdef double trial_rate         # samples/s before the trial: the best of the recent windows
+    cdef double trial_low          # the trial's slowest window so far
+    cdef int trial_windows         # windows measured in the trial
+    cdef double recent[RECENT]     # samples/s of the last windows at the current count
+    cdef int n_recent
     cdef int64_t t0                # the window's start; 0: the next batch starts one
     cdef int64_t wait0             # the publisher's wait at the window's start
     cdef double cpu0               # process CPU time at the window's start
     cdef uint64_t samples0
     cdef Py_ssize_t batches        # batches in the window
-    cdef str reason                # why the count is not growing now ("" before the first window)
+    cdef readonly str reason       # why the count is not growing now ("" before the first window)
 
     def __cinit__(self, int max_threads, double cpus):
         self.max_threads = max_threads
@@ -55,33 +67,76 @@ cdef class _Tuner:
         waited = (wait_ns - self.wait0) / <double>elapsed
         busy = (time.process_time() - self.cpu0) / (elapsed / 1e9)
         self._new_window(now, samples, wait_ns)
+        return self.decide(threads, rate, waited, busy, gauge)
+
+    def window(self, int threads, double rate, double waited, double busy):
+        """decide() for one window's figures, without a gauge (tests)."""
+        return self.decide(threads, rate, waited, busy, None)
+
+    cdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1:
+        """The count after a window at ``threads`` that loaded ``rate``
+        samples/s while the publisher waited ``waited`` of the time and the
+        process used ``busy`` CPUs; ``gauge`` (or None) judges a failed trial."""
+        cdef bint serialized, io_like
+        cdef int threads_before
         if self.trial_from:
+            self.trial_windows += 1
+            self.trial_low = rate if self.trial_windows == 1 else min(self.trial_low, rate)
+            if self.trial_low >= 1.05 * self.trial_rate and self.trial_windows < 2:
+                return threads   # one window more before it is kept
             threads_before, self.trial_from = self.trial_from, 0
-            if rate < 1.05 * self.trial_rate:
+            if self.trial_low < 1.05 * self.trial_rate:
                 self.ceiling = threads_before
                 self.retry = 50
-                serialized = gauge.trial_failed(threads, threads_before, rate / self.trial_rate)
+                serialized = gauge is not None and gauge.trial_failed(threads, threads_before,
+                                                                      self.trial_low / self.trial_rate)
                 self.reason = "serialized" if serialized else "no gain"
                 return threads_before
+            self.n_recent = 0   # a new count: its own windows from now on
+            self._remember(rate)
             self.reason = "growing"
             return threads
+        self._remember(rate)
         if self.retry:
             self.retry -= 1
             if not self.retry:
                 self.ceiling = self.max_threads
-        if waited > 0.1 and threads < self.ceiling and busy < self.cpus - 0.25:
+        # Past the CPUs, more threads help only threads that wait off a CPU
+        # (I/O): they must have used under half a CPU each.
+        io_like = busy < 0.5 * threads
+        if (waited > 0.1 and threads < self.ceiling and busy < self.cpus - 0.25
+                and (2 * threads <= self.cpus or io_like)):
             self.trial_from = threads
-            self.trial_rate = rate
+            self.trial_rate = self._best_recent()
+            self.trial_windows = 0
             self.reason = "growing"
             return min(self.ceiling, 2 * threads)
         if waited <= 0.1:
             self.reason = "consumer-bound"
-        elif busy >= self.cpus - 0.25:
+        elif busy >= self.cpus - 0.25 or (threads < self.ceiling and 2 * threads > self.cpus
+                                          and not io_like):
             self.reason = "cpus busy"
         elif threads >= self.max_threads:
             self.reason = "thread limit"
         # else: the last trial's reason, until its ceiling is lifted
         return threads
+
+    cdef void _remember(self, double rate):
+        """One more window at the current count (the oldest of RECENT goes)."""
+        cdef int i
+        if self.n_recent == RECENT:
+            for i in range(RECENT - 1):
+                self.recent[i] = self.recent[i + 1]
+            self.n_recent -= 1
+        self.recent[self.n_recent] = rate
+        self.n_recent += 1
+
+    cdef double _best_recent(self):
+        cdef int i
+        cdef double best = 0.0
+        for i in range(self.n_recent):
+            best = max(best, self.recent[i])
+        return best
 
     cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *:
         self.t0 = now
