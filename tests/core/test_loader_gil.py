@@ -168,6 +168,45 @@ def test_threads_starved_of_cpu_by_other_processes_are_not_taken_for_gil_bound(t
             h.wait()
 
 
+class MostlyParallel:
+    """The third quarter of each epoch's samples run Python (the threads take
+    turns on the GIL there); the rest wait as on I/O, without the GIL: over the
+    epoch the threads run about 1.7 at a time."""
+
+    def __init__(self):
+        self.python = PurePython()
+
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        if 128 <= i < 192:
+            self.python[i]
+            return self.python[i][0]
+        time.sleep(0.004)
+        return np.full(2, i)
+
+
+@pytest.mark.timeout(120)
+def test_threads_that_queue_on_the_gil_now_and_then_are_not_gil_bound(two_cpus):
+    """Issue 25 item 2: the probes run only in windows where the threads used
+    less CPU than their busy time, so they caught the image pipeline's threads
+    queueing on the GIL in its Python part (about 1.2 at a time there) and
+    warned, though over all windows they ran about 1.7 at a time (a false
+    warning in the bench's full run). Low parallelism in the windows caught is
+    not enough: it must be low over all of them."""
+    with Loader(MostlyParallel(), batch_size=8, workers=2) as loader:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(6):
+                got = [b[:, 0].tolist() for b in loader]
+                assert sum(got, []) == list(range(256))
+        stats = loader.stats()
+    del loader
+    assert not [str(w.message) for w in caught if issubclass(w.category, GILBoundWarning)]
+    assert stats.load_parallelism > 1.3
+
+
 def test_one_cpu_gives_no_warning_but_the_figures(monkeypatch):
     """Issue 25 item 2: where the process may use one CPU, threads and
     processes alike run one at a time: no warning; stats() still measures."""
