@@ -180,22 +180,25 @@ def test_threads_starved_of_cpu_by_other_processes_are_not_taken_for_gil_bound(t
 
 
 class MostlyParallel:
-    """The third quarter of each epoch's samples run Python (the threads take
-    turns on the GIL there, about 1 ms a sample); the rest wait 10 ms as on I/O,
-    without the GIL: over the epoch the threads run about 1.9 at a time (well
-    above the warning's 1.3 also where Python runs slower: under ASan, or on a
-    busy machine)."""
+    """A third of each epoch's samples run Python (the threads take turns on
+    the GIL there, about 1 ms a sample); the others wait 30 ms as on I/O,
+    without the GIL: over the epoch the threads run about 1.9 at a time. The
+    wait is long so that the loader's own work per sample stays far below a
+    fifth of a CPU also where it runs slower (under ASan, PYTHONMALLOC=malloc):
+    above that, the gauge probes those windows too, and a thread waking from
+    its sleep looks like one let go by the GIL (the limitation stated in
+    docs/loader.md)."""
 
     def __init__(self):
         self.python = PurePython()
 
     def __len__(self):
-        return 256
+        return 192
 
     def __getitem__(self, i):
-        if 128 <= i < 192:
+        if 96 <= i < 160:
             return self.python[i][0]
-        time.sleep(0.01)
+        time.sleep(0.03)
         return np.full(2, i)
 
 
@@ -210,9 +213,9 @@ def test_threads_that_queue_on_the_gil_now_and_then_are_not_gil_bound(two_cpus):
     with Loader(MostlyParallel(), batch_size=8, workers=2) as loader:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for _ in range(6):
+            for _ in range(5):
                 got = [b[:, 0].tolist() for b in loader]
-                assert sum(got, []) == list(range(256))
+                assert sum(got, []) == list(range(192))
         stats = loader.stats()
     del loader
     assert not [str(w.message) for w in caught if issubclass(w.category, GILBoundWarning)]
