@@ -96,6 +96,17 @@ class Verdict:
         return asdict(self)
 
 
+def row_bars(ax, samples, labels=None, fontsize=8):
+    """One horizontal bar per row, top to bottom: each row's median with its 95 %
+    interval (``samples``: row name -> values; ``labels``: the names shown)."""
+    names = list(samples)
+    for i, name in enumerate(names):
+        iv = interval(samples[name])
+        ax.barh([i], [iv.median], xerr=[[e] for e in iv.errbar()], capsize=3, label=name)
+    ax.set_yticks(range(len(names)), labels or names, fontsize=fontsize)
+    ax.invert_yaxis()
+
+
 # A quick run's interval rests on a few repetitions, and on a shared machine it
 # covers the median less often than its nominal 95 %: two back-to-back quick runs
 # called a target 7 % above its goal "met" and "not resolved" in turn. In quick

@@ -278,12 +278,7 @@ def _warning_report(warned, speedup):
 def plot(ax, data):
     """Batches/s per row (median, bar: 95% interval); the serial limit of threads and the process ideal."""
     rows = data["batches_per_s"]
-    names = list(rows)
-    ivs = [S.interval(rows[n]) for n in names]
-    for i, (name, iv) in enumerate(zip(names, ivs)):
-        ax.barh([i], [iv.median], xerr=[[e] for e in iv.errbar()], capsize=3, label=name)
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.invert_yaxis()
+    S.row_bars(ax, rows)
     ax.axvline(1 / data["load_s"], linestyle="-.", color="grey", linewidth=1,
                label="bound: one thread at a time (1/load)")
     ax.axvline(data["cpus"] / data["load_s"], linestyle="--", color="k", linewidth=0.8,

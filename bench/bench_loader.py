@@ -356,12 +356,7 @@ def plot(ax, data):
     """Batches/s at step = load/2 per row (median, bar: 95% interval), the ideal and the target line."""
     s = "step = load/2"
     rows = data["batches_per_s"][s]
-    names = list(rows)
-    ivs = [S.interval(rows[n]) for n in names]
-    for i, (name, iv) in enumerate(zip(names, ivs)):
-        ax.barh([i], [iv.median], xerr=[[e] for e in iv.errbar()], capsize=3, label=name)
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.invert_yaxis()
+    S.row_bars(ax, rows)
     ax.axvline(data["ideal"][s], linestyle="--", color="k", linewidth=0.8, label="ideal: min(1/step, CPUs/load)")
     best = data.get("best_other", {}).get(s)
     if best in rows:

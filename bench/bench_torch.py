@@ -289,12 +289,8 @@ def run(cfg, say):
 
 def plot(ax, data):
     """DataLoader epochs (the rows a user chooses between), µs per batch; the tiny-batch target alongside."""
-    rows = list(data["loader_us"])
-    ivs = [S.interval(data["loader_us"][r]) for r in rows]
-    for i, (r, iv) in enumerate(zip(rows, ivs)):
-        ax.barh([i], [iv.median], xerr=[[e] for e in iv.errbar()], capsize=3, label=r)
-    ax.set_yticks(range(len(rows)), [r.replace("prefetch.Prefetcher(", "Prefetcher(\n") for r in rows], fontsize=7)
-    ax.invert_yaxis()
+    S.row_bars(ax, data["loader_us"], [r.replace("prefetch.Prefetcher(", "Prefetcher(\n") for r in data["loader_us"]],
+               fontsize=7)
     ax.set_xlabel("µs per batch (DataLoader epoch, worker start included)")
     tiny = S.interval(S.ratios(data["tiny_extra_us"][T_OURS], data["tiny_extra_us"][N_OURS]))
     ax.set_title(f"PyTorch DataLoader epoch, lower is better (median, bars: 95% interval)\n"
