@@ -8,7 +8,7 @@ builds the samplers (``RandomSampler`` with ``generator``,
 iterator differs: ``num_workers`` threads of a ``prefetch.Loader`` (map-style
 datasets) or of a ``prefetch.map`` (``IterableDataset``) instead of processes.
 
-Threading contract: ``_InitThread.__call__``, ``_Batches._read``, ``_OneSample``
+Threading contract: ``_InitThread.__call__``, ``_Batches._take``, ``_OneSample``
 and ``_Shard.run`` run on loader threads; ``get_worker_info`` anywhere;
 everything else on the consumer's thread.
 """
@@ -36,6 +36,7 @@ from prefetch import Loader
 from prefetch import map as prefetch_map
 from prefetch._core import MAP_KEYS_UNCHECKED
 from prefetch._options import check_num_workers
+from prefetch.torch._sampler import _Batches
 from prefetch.torch._torch import torch
 
 __all__ = ["DataLoader", "get_worker_info"]
@@ -77,95 +78,6 @@ def _worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
                       worker_method="thread")
 
 
-class _Batches:
-    """The index batches of a torch epoch, as the Loader's batch sampler.
-
-    The sampler is read on the consumer's thread, as torch's main process
-    reads it: ``ahead`` batches when the epoch begins, then one more for each
-    batch handed out (``read_to``), so when a sampler draws from a generator
-    (``RandomSampler``'s last draw comes when it is read to its end) does not
-    depend on how far the threads have got. The Loader's threads take the
-    batches read; its bound on batches opened ahead of the consumer keeps
-    them behind the reading.
-
-    Seen only as an iterable, iterated once per torch epoch: the Loader
-    calls ``set_epoch`` on a sampler that has one, and torch's DataLoader
-    never does (the user does).
-    """
-
-    def __init__(self, sampler: Any, single: bool) -> None:
-        self.sampler = sampler
-        self.single = single          # batch_size=None: each index is a batch of its own
-        self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
-        self.restart()
-
-    def restart(self, skip: int = 0) -> None:
-        """A new torch epoch: a new iteration of the sampler, without its
-        first ``skip`` batches (a resumed state: read and dropped here)."""
-        with self.lock:
-            self.source = ([i] for i in self.sampler) if self.single else iter(self.sampler)
-            for _ in itertools.islice(self.source, skip):
-                pass
-            self.read: collections.deque[Any] = collections.deque()   # read, not taken by a thread
-            self.tries = 0            # reads of the sampler this epoch (the one that ended it too)
-            self.exhausted = False    # the sampler ended (or raised)
-            self.epoch = object()     # the Loader epoch of an earlier one takes nothing more
-
-    def read_to(self, tries: int) -> None:
-        """Reads the sampler (consumer's thread) until it has been read
-        ``tries`` times this epoch or has ended. Its error is the batch's it
-        replaces: a loader thread raises it there, in the epoch's order."""
-        with self.lock:
-            while self.tries < tries and not self.exhausted:
-                self.tries += 1
-                try:
-                    self.read.append(next(self.source))
-                except StopIteration:
-                    self.exhausted = True
-                except Exception as exc:
-                    self.exhausted = True
-                    self.read.append(_Raise(exc))
-
-    def __iter__(self) -> Any:
-        """The Loader's epoch: the batches read, in order."""
-        return self._take(self.epoch)
-
-    def _take(self, epoch: object) -> Any:
-        while True:
-            with self.lock:
-                if self.epoch is not epoch:
-                    return            # a later epoch began (its batches are its own)
-                if self.read:
-                    keys = self.read.popleft()
-                elif self.exhausted:
-                    return
-                else:
-                    # Ahead of the reading (the Loader's bound keeps its
-                    # threads behind it): read here rather than wait.
-                    self.tries += 1
-                    try:
-                        keys = next(self.source)
-                    except StopIteration:
-                        self.exhausted = True
-                        return
-                    except BaseException:
-                        self.exhausted = True
-                        raise
-                if type(keys) is _Raise:
-                    raise keys.exc
-            yield keys
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-
-class _Raise:
-    """The sampler's error, read in place of a batch."""
-
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
-
-
 class _IndexLoader(Loader):
     """A Loader that passes each index object of torch's sampler to
     ``dataset[...]`` as torch does (any object: a list for bulk loading, a
@@ -174,6 +86,14 @@ class _IndexLoader(Loader):
     def _keys(self, epoch: int) -> Any:
         batches, _, rows = super()._keys(epoch)
         return batches, MAP_KEYS_UNCHECKED, rows
+
+    # torch's own samplers: the order of the epoch begun and of the next one
+    # are known (a plan), so the next epoch's first batches load early.
+    def _order(self, epoch: int) -> Any:
+        return self.batch_sampler.order(epoch)
+
+    def _order_batches(self, plan: Any) -> Any:
+        return plan.batches()
 
 
 class _OneSample:
@@ -401,7 +321,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       ``num_workers=0``, ``prefetch_factor * 1``: torch loads none ahead then); ``in_order=False``: batches come out as they
       complete; ``persistent_workers``: the threads (with an IterableDataset,
       each worker's replica) are kept across epochs, and ``worker_init_fn``
-      runs once;
+      runs once; the next epoch's first batches (at most ``prefetch_factor *
+      num_workers``) load while this one's last are consumed, where its
+      order is known ahead: torch's ``SequentialSampler``, or its
+      ``RandomSampler`` over a ``generator`` of the loader's own that nothing
+      else draws from between epochs (what was loaded early is dropped
+      otherwise; torch's global generator is never read ahead);
     - ``multiprocessing_context`` is validated as torch does and then ignored;
       more workers than CPUs draw torch's warning, said of threads;
     - seeds: each thread's ``get_worker_info().seed`` is torch's
@@ -719,9 +644,10 @@ class _ThreadIter:
         assert batches is not None
         resume, loader._resume = loader._resume, None
         self._handed = self._skipped = 0
+        epoch = self._source._epoch   # the Loader's epoch this one will be
         if resume is None:
             self._epoch_rng = _b64(self._generator.get_state())
-            batches.restart()
+            batches.restart(epoch)
             batches.read_to(self._ahead)
             return
         users = torch.default_generator.get_state() if loader.generator is None else None
@@ -729,7 +655,7 @@ class _ThreadIter:
             self._generator.set_state(_unb64(resume["epoch_rng"]))
         self._epoch_rng = _b64(self._generator.get_state())
         try:
-            batches.restart(skip=resume["batches"])
+            batches.restart(epoch, skip=resume["batches"])
             batches.read_to(self._ahead)   # under the restored state
         finally:
             if users is not None:

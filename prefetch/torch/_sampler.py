@@ -1,0 +1,197 @@
+"""torch's sampler as the Loader's batch sampler, and the orders known ahead.
+
+torch's main process reads the sampler ``prefetch_factor * num_workers``
+batches ahead when an epoch begins, then one more for each batch handed out.
+``_Batches`` reads it there too, on the consumer's thread, so a sampler that
+draws from a generator (``RandomSampler`` draws when it starts and again when
+it is read to its end) draws when it would under torch, whatever the
+threads' timing.
+
+Where the sampler is one of torch's own whose order is a function of what
+can be read before the epoch (``SequentialSampler``; ``RandomSampler`` over
+a generator of the DataLoader's own, through its state), the epoch's order
+is a *plan* (``_Plan``): the Loader's threads take the batches from a
+private replay of that sampler, and open the next epoch's first batches
+while this one's last are consumed. The replay is torch's own classes over
+``range(n)`` and a copy of the generator, so it gives the batches torch's
+sampler gives; the real sampler is still read (for its draws), and the
+next epoch's early batches are kept only when its plan, read again as it
+begins, is the one they were opened for (the same length, batch size and
+generator state: no one drew from the generator in between).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+from typing import Any, NamedTuple, Optional
+
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+from prefetch.torch._torch import torch
+
+
+class _Plan(NamedTuple):
+    """What an epoch's order is a function of (compared whole: equal plans, equal batches)."""
+    epoch: int                 # the Loader's epoch (prefetch.sample_rng() draws by it)
+    n: int                     # len(dataset) when it was read
+    batch_size: Optional[int]  # None: each index a batch of its own
+    drop_last: bool
+    shuffle: bool
+    replacement: bool
+    num_samples: Optional[int]
+    generator: int             # id() of the sampler's generator (0: none)
+    state: bytes               # the generator's state as the epoch begins (b"": none)
+
+    def sampler(self) -> Any:
+        if not self.shuffle:
+            return SequentialSampler(range(self.n))
+        g = torch.Generator()
+        g.set_state(torch.frombuffer(bytearray(self.state), dtype=torch.uint8))
+        return RandomSampler(range(self.n), replacement=self.replacement, num_samples=self.num_samples,
+                             generator=g)
+
+    def batches(self) -> Any:
+        """The epoch's index lists, as torch's sampler gives them."""
+        sampler = self.sampler()
+        if self.batch_size is None:
+            return ([i] for i in sampler)
+        return iter(BatchSampler(sampler, self.batch_size, self.drop_last))
+
+    def following(self) -> _Plan:
+        """The next epoch's plan, once this one's sampler is read to its end."""
+        if not self.shuffle:
+            return self._replace(epoch=self.epoch + 1)
+        sampler = self.sampler()
+        for _ in sampler:
+            pass
+        return self._replace(epoch=self.epoch + 1, state=bytes(sampler.generator.get_state().numpy()))
+
+
+def _plan(index_sampler: Any, single: bool, epoch: int) -> Optional[_Plan]:
+    """The plan of an epoch about to read ``index_sampler``; None where its
+    order is not known ahead (a sampler of the user's, a subclass, torch's
+    global generator, which the training step draws from too)."""
+    if single:
+        sampler, batch_size, drop_last = index_sampler, None, False
+    elif type(index_sampler) is BatchSampler:
+        sampler, batch_size, drop_last = index_sampler.sampler, index_sampler.batch_size, index_sampler.drop_last
+    else:
+        return None
+    kind = type(sampler)
+    if kind is SequentialSampler:
+        return _Plan(epoch, len(sampler.data_source), batch_size, drop_last, False, False, None, 0, b"")
+    if kind is not RandomSampler or not hasattr(sampler, "_num_samples"):
+        return None
+    g = sampler.generator
+    if not isinstance(g, torch.Generator) or g.device.type != "cpu":
+        return None
+    return _Plan(epoch, len(sampler.data_source), batch_size, drop_last, True, bool(sampler.replacement),
+                 sampler._num_samples, id(g), bytes(g.get_state().numpy()))
+
+
+class _Batches:
+    """The index batches of a torch epoch, as the Loader's batch sampler.
+
+    The sampler is read on the consumer's thread (``read_to``): ``ahead``
+    batches when the epoch begins, then one more for each batch handed out.
+    The Loader's threads take the batches read; its bound on batches opened
+    ahead of the consumer keeps them behind the reading. With a plan, the
+    threads take the plan's batches instead and what is read is only read
+    (for its draws).
+
+    Seen only as an iterable, iterated once per torch epoch: the Loader
+    calls ``set_epoch`` on a sampler that has one, and torch's DataLoader
+    never does (the user does).
+    """
+
+    def __init__(self, sampler: Any, single: bool) -> None:
+        self.sampler = sampler
+        self.single = single          # batch_size=None: each index is a batch of its own
+        self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
+        self.restart(0)
+
+    def restart(self, epoch: int, skip: int = 0) -> None:
+        """A new torch epoch, the Loader's ``epoch``: a new iteration of the
+        sampler, without its first ``skip`` batches (a resumed state: read
+        and dropped here; a resumed epoch has no plan, the next one has)."""
+        with self.lock:
+            plan = _plan(self.sampler, self.single, epoch)
+            self.plan = plan if skip == 0 else None
+            self.next_plan = None if plan is None else plan.following()
+            self.source = ([i] for i in self.sampler) if self.single else iter(self.sampler)
+            for _ in itertools.islice(self.source, skip):
+                pass
+            self.read: collections.deque[Any] = collections.deque()   # read, not taken by a thread
+            self.tries = 0            # reads of the sampler this epoch (the one that ended it too)
+            self.exhausted = False    # the sampler ended (or raised)
+            self.epoch = object()     # the Loader epoch of an earlier one takes nothing more
+
+    def order(self, epoch: int) -> Optional[_Plan]:
+        """The plan of the Loader's epoch ``epoch``: the one begun, or the next."""
+        for plan in (self.plan, self.next_plan):
+            if plan is not None and plan.epoch == epoch:
+                return plan
+        return None
+
+    def read_to(self, tries: int) -> None:
+        """Reads the sampler (consumer's thread) until it has been read
+        ``tries`` times this epoch or has ended. Its error is the batch's it
+        replaces: a loader thread raises it there, in the epoch's order."""
+        keep = self.plan is None
+        with self.lock:
+            while self.tries < tries and not self.exhausted:
+                self.tries += 1
+                try:
+                    keys = next(self.source)
+                except StopIteration:
+                    self.exhausted = True
+                except Exception as exc:
+                    self.exhausted = True
+                    if not keep:
+                        raise     # no thread takes what is read: the reader hears it
+                    self.read.append(_Raise(exc))
+                else:
+                    if keep:
+                        self.read.append(keys)
+
+    def __iter__(self) -> Any:
+        """The Loader's epoch: the plan's batches, or the batches read, in order."""
+        if self.plan is not None:
+            return self.plan.batches()
+        return self._take(self.epoch)
+
+    def _take(self, epoch: object) -> Any:
+        while True:
+            with self.lock:
+                if self.epoch is not epoch:
+                    return            # a later epoch began (its batches are its own)
+                if self.read:
+                    keys = self.read.popleft()
+                elif self.exhausted:
+                    return
+                else:
+                    # Ahead of the reading (the Loader's bound keeps its
+                    # threads behind it): read here rather than wait.
+                    self.tries += 1
+                    try:
+                        keys = next(self.source)
+                    except StopIteration:
+                        self.exhausted = True
+                        return
+                    except BaseException:
+                        self.exhausted = True
+                        raise
+                if type(keys) is _Raise:
+                    raise keys.exc
+            yield keys
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class _Raise:
+    """The sampler's error, read in place of a batch."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
