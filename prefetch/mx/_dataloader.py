@@ -23,7 +23,7 @@ import types
 
 import numpy as np
 
-from prefetch import Loader
+from prefetch._framework import FrameworkLoader
 from prefetch._resume import check_state
 from prefetch._types import ClosedError
 from prefetch.mx._mxnet import mx
@@ -256,21 +256,6 @@ def _batches_per_pass(batch_sampler):
         return None
 
 
-class _GluonLoader(Loader):
-    """The Loader behind one pass at a time of a DataLoader."""
-
-    def __init__(self, dataset, *, per_thread, **kwargs):
-        self._per_thread = per_thread
-        super().__init__(dataset, **kwargs)
-        self._stage.gauge.remedy = ("Gluon's own DataLoader(dataset, num_workers=N) (processes), wrapped in "
-                                    "prefetch.Prefetcher to keep the same batch guarantees")
-
-    def adopt_seed(self, seed):
-        """The DataLoader's seed: its loaders share one, so ``sample_rng()``
-        does not depend on which of them runs a pass."""
-        self._seed = self._stage.seed = seed
-
-
 def _end_epoch(epoch):
     """Stops the loading of a pass dropped before its end."""
     core = getattr(epoch, "_core", None)
@@ -374,7 +359,8 @@ class DataLoader(_gluon_data.DataLoader):
                 raise ClosedError("this DataLoader is closed")
             if self._idle:
                 return self._idle.pop()
-        loader = _GluonLoader(self._dataset, per_thread=self._per_thread,
+        loader = FrameworkLoader(self._dataset, per_thread=self._per_thread,
+                                 remedy="Gluon's own DataLoader(dataset, num_workers=N)",
                               batch_sampler=_Batches(self._batch_sampler),
                               collate=_host_batchify if self._on_host else self._batchify_fn,
                               workers=max(self._num_workers, 1), depth=max(self._prefetch, 1),

@@ -32,9 +32,8 @@ from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
-from prefetch import Loader
 from prefetch import map as prefetch_map
-from prefetch._core import MAP_KEYS_UNCHECKED
+from prefetch._framework import FrameworkLoader
 from prefetch._options import check_num_workers
 from prefetch.torch._sampler import _Batches
 from prefetch.torch._torch import torch
@@ -76,24 +75,6 @@ def _worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
                numpy_generator=np.random.default_rng([worker_id, base_seed & 0xFFFFFFFFFFFFFFFF]))
     return WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng,
                       worker_method="thread")
-
-
-class _IndexLoader(Loader):
-    """A Loader that passes each index object of torch's sampler to
-    ``dataset[...]`` as torch does (any object: a list for bulk loading, a
-    key of the dataset's own), unchecked; the dataset raises for a bad one."""
-
-    def _keys(self, epoch: int) -> Any:
-        batches, _, rows = super()._keys(epoch)
-        return batches, MAP_KEYS_UNCHECKED, rows
-
-    # torch's own samplers: the order of the epoch begun and of the next one
-    # are known (a plan), so the next epoch's first batches load early.
-    def _order(self, epoch: int) -> Any:
-        return self.batch_sampler.order(epoch)
-
-    def _order_batches(self, plan: Any) -> Any:
-        return plan.batches()
 
 
 class _OneSample:
@@ -604,18 +585,15 @@ class _ThreadIter:
             self._convert = auto and loader.collate_fn is default_collate
             collate = None if self._convert else loader.collate_fn if auto else _OneSample(loader.collate_fn)
             # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
-            self._source = _IndexLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
-                                        worker_init=init, seed=base_seed, **options)
-            self._source._stage.set_lookahead(self._ahead)
             # A batch's error is that batch's; the epoch goes on (torch's does).
-            self._source._stage.set_continue_after_failure(True)
-            gauge = self._source._stage.gauge
-            gauge.remedy = ("torch.utils.data.DataLoader(dataset, num_workers=N) (processes), wrapped in "
-                            "prefetch.Prefetcher to keep the same batch guarantees")
+            self._source = FrameworkLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
+                                           worker_init=init, seed=base_seed, lookahead=self._ahead, go_on=True,
+                                           remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
+                                           **options)
             # One GIL notice per DataLoader, though each epoch without persistent workers
             # has a Loader of its own.
             self._gil_noticed = loader._gil_noticed
-            gauge.noticed = self._gil_noticed[0]
+            self._source._stage.gauge.noticed = self._gil_noticed[0]
         # torch's iterators have no close(): one dropped mid-epoch closes its loader.
         weakref.finalize(self, self._source.close)
         self._done = False
