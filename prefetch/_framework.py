@@ -39,11 +39,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
         stage.set_lookahead(lookahead)
         stage.set_continue_after_failure(go_on)
 
-    def adopt_seed(self, seed: int) -> None:
-        """The drop-in's seed (``sample_rng()``'s): shared by its loaders, so
-        the draws do not depend on which of them runs an epoch."""
-        self._seed = self._stage.seed = seed
-
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         batches, _, rows = super()._keys(epoch)
         return batches, MAP_KEYS_UNCHECKED, rows

@@ -574,7 +574,7 @@ class _ThreadIter:
         self._batches: _Batches | None = None
         if self._iterable:
             shards = [_Shard(w, loader, base_seed) for w in range(threads)]
-            self._source: Any = _ShardMap(shards, options, self._ahead)
+            self._source: Any = _ShardMap(shards, options, self._ahead, base_seed)
         else:
             auto = loader._auto_collation
             self._batches = _Batches(self._index_sampler, single=not auto)
@@ -706,10 +706,12 @@ class _ShardMap:
     tasks, started afresh for each epoch (iterating it again starts the next
     one, as iterating a Loader again does)."""
 
-    def __init__(self, shards: list[_Shard], options: dict[str, Any], ahead: int) -> None:
+    def __init__(self, shards: list[_Shard], options: dict[str, Any], ahead: int, seed: int) -> None:
         self.shards = shards
         self.options = options
         self.ahead = ahead
+        self.seed = seed     # torch's base seed: prefetch.sample_rng()'s, as in a map-style dataset
+        self.epoch = 0       # the next epoch's number (sample_rng() draws anew each epoch)
         self.map: Any = None
         self.any: _AnyShard | None = None   # in_order=False: the epoch's tasks
 
@@ -724,6 +726,8 @@ class _ShardMap:
             tasks = self.any.tasks()
         self.map = prefetch_map(_run_task, tasks, **self.options)
         self.map._stage.set_lookahead(self.ahead)
+        self.map.adopt_seed(self.seed, self.epoch)
+        self.epoch += 1
         return iter(self.map)
 
     def cancel(self) -> None:

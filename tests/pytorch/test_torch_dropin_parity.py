@@ -619,6 +619,34 @@ def test_sample_rng_follows_torch_s_seed(persistent):
         assert first[0] != first[1]   # each epoch its own
 
 
+class AugmentedStream(torch.utils.data.IterableDataset):
+    """Each worker's half of 8 samples, each drawing from prefetch.sample_rng()."""
+
+    def __iter__(self):
+        import prefetch
+        from prefetch.torch import get_worker_info
+        info = get_worker_info()
+        for _ in range(4):
+            yield prefetch.sample_rng().integers(1 << 30), info.id
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_sample_rng_in_an_iterable_dataset_follows_torch_s_seed(persistent):
+    """In an IterableDataset, sample_rng() is seeded from torch's base_seed
+    too (each batch its own stream): the same torch seed gives the same draws
+    every run, another seed others, and each epoch draws anew."""
+
+    def draws(seed):
+        with DataLoader(AugmentedStream(), batch_size=2, num_workers=2, persistent_workers=persistent,
+                        generator=torch.Generator().manual_seed(seed)) as loader:
+            return [[[v.tolist() for v in b] for b in loader] for _epoch in range(2)]
+
+    first = draws(1)
+    assert len(first[0]) == 4
+    assert draws(1) == first != draws(2)
+    assert first[0] != first[1]
+
+
 def test_a_seeded_generator_after_a_break_with_zero_workers():
     """num_workers=0: the same later epochs every run, and torch's
     num_workers=0 ones when the break is not within prefetch_factor batches
