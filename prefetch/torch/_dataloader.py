@@ -35,6 +35,7 @@ from torch.utils.data._utils.worker import _RNG, WorkerInfo
 from prefetch import map as prefetch_map
 from prefetch._framework import FrameworkLoader
 from prefetch._options import check_num_workers
+from prefetch.torch._device import PinnedHost
 from prefetch.torch._sampler import _Batches
 from prefetch.torch._torch import torch
 
@@ -294,9 +295,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     - ``timeout`` also applies with ``num_workers=0``; on expiry it raises
       torch's ``RuntimeError('DataLoader timed out after N seconds')`` (from a
       ``TimeoutError`` naming the batch waited for);
-    - ``pin_memory``: batches are pinned on the consumer's thread when an
-      accelerator is available (torch pins on a thread of its own); without
-      one it warns as torch does and does nothing;
+    - ``pin_memory``: when an accelerator is available, a map-style
+      dataset's batches are pinned on the loader's publisher thread (as on
+      torch's pin-memory thread), an IterableDataset's on the consumer's;
+      without one it warns as torch does and does nothing;
     - ``prefetch_factor``: as in torch, at most ``prefetch_factor *
       num_workers`` batches are loaded ahead of the consumer (with
       ``num_workers=0``, ``prefetch_factor * 1``: torch loads none ahead then); ``in_order=False``: batches come out as they
@@ -586,8 +588,11 @@ class _ThreadIter:
             collate = None if self._convert else loader.collate_fn if auto else _OneSample(loader.collate_fn)
             # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
             # A batch's error is that batch's; the epoch goes on (torch's does).
+            # Pinned on the publisher thread, as on torch's pin-memory thread;
+            # what only torch's pin_memory() knows (an object's own) on the consumer's.
             self._source = FrameworkLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
                                            worker_init=init, seed=base_seed, lookahead=self._ahead, go_on=True,
+                                           device=PinnedHost() if self._pin else None,
                                            remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
                                            **options)
             # One GIL notice per DataLoader, though each epoch without persistent workers

@@ -108,6 +108,40 @@ class CudaDelivery:
         torch.cuda.empty_cache()
 
 
+class PinnedHost:
+    """``device=`` of the Loader behind ``prefetch.torch.DataLoader(pin_memory=True)``:
+    the batches stay on the host, each tensor leaf (a numpy leaf as a tensor
+    first) copied into pinned memory of the current accelerator on the
+    publisher thread, as torch's pin-memory thread copies it, so that the
+    consumer's ``.to(device, non_blocking=True)`` is asynchronous."""
+
+    def __repr__(self) -> str:
+        return "PinnedHost()"
+
+
+class PinnedDelivery:
+    """Pins each CPU tensor leaf; other leaves unchanged."""
+
+    def deliver(self, leaf: Any) -> Any:
+        leaf = as_tensor(leaf)
+        if isinstance(leaf, torch.Tensor) and leaf.is_cpu:
+            return leaf.pin_memory()
+        return leaf
+
+    def ready(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_pinned(host: PinnedHost) -> PinnedDelivery:
+    if not torch.accelerator.is_available():
+        raise ValueError(f"device={host!r}: no accelerator is available (torch.accelerator.is_available() "
+                         "is False), so there is no pinned memory to deliver into")
+    return PinnedDelivery()
+
+
 def open_device(device: torch.device) -> CpuDelivery | CudaDelivery:
     """The Delivery for ``device=`` (prefetch.register_device); ValueError naming it."""
     if device.type == "cpu":
@@ -133,4 +167,5 @@ def device_hint(name: str) -> str | None:
 
 
 register_device(torch.device, open_device)
+register_device(PinnedHost, open_pinned)
 adapters._device_hints.append(device_hint)

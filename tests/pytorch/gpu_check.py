@@ -135,6 +135,24 @@ def steady_state_allocates_nothing():
         assert torch.cuda.memory_reserved(DEV) == dev, "device cache grew in steady state"
 
 
+def dropin_pins_batches():
+    from prefetch.torch import DataLoader
+
+    class Pairs:
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return np.full((3, 4), i, np.float32), i
+
+    with DataLoader(Pairs(), batch_size=4, num_workers=2, pin_memory=True) as loader:
+        batches = list(loader)
+    assert [b[1].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(t.is_pinned() for x, y in batches for t in (x, y)), "a batch tensor is not pinned"
+    for x, y in batches:
+        assert torch.equal(x.to(DEV, non_blocking=True).cpu()[:, 0, 0], y.float())
+
+
 def main():
     print(f"torch {torch.__version__}, prefetch {prefetch.__version__}, "
           f"cuda available: {torch.cuda.is_available()}", flush=True)
@@ -148,6 +166,7 @@ def main():
     check("a CUDA tensor leaf is cloned, not shared", cuda_leaf_is_cloned)
     check("close() returns device memory (torch.cuda.memory_allocated)", close_frees_device_memory)
     check("steady state allocates nothing (host pool, device cache)", steady_state_allocates_nothing)
+    check("prefetch.torch.DataLoader(pin_memory=True) hands out pinned batches", dropin_pins_batches)
     print(f"{'FAIL' if failed else 'PASS'} all: {len(failed)} failed, {time.perf_counter() - t0:.1f} s")
     return 1 if failed else 0
 

@@ -430,6 +430,49 @@ def test_pin_memory_without_accelerator_warns_as_torch_does():
     assert not batches[0][0].is_pinned()
 
 
+class _FakePinning:
+    """A stand-in accelerator for a machine without one: pin_memory() returns
+    a copy marked with the thread that made it, and a marked tensor itself
+    (as torch returns an already pinned tensor)."""
+
+    def __init__(self, monkeypatch):
+        self.threads = []
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cpu"))
+        fake = self
+
+        def pin_memory(tensor, *args):
+            if getattr(tensor, "pinned_on", None):
+                return tensor
+            out = tensor.clone()
+            out.pinned_on = threading.current_thread().name
+            fake.threads.append(out.pinned_on)
+            return out
+        monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+
+
+class _Pair(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return np.full((2,), i, np.float32), {"label": i}
+
+
+def test_pin_memory_pins_each_tensor_once_off_the_consumer_s_thread(monkeypatch):
+    """With an accelerator, a map-style dataset's batches are pinned on the
+    loader's publisher thread (torch pins on a thread of its own), every
+    tensor of every batch, once; the consumer gets them pinned."""
+    fake = _FakePinning(monkeypatch)
+    with DataLoader(_Pair(), batch_size=4, pin_memory=True, num_workers=2) as loader:
+        batches = list(loader)
+    consumer = threading.current_thread().name
+    leaves = [t for x, y in batches for t in (x, y["label"])]
+    assert [b[0][:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5]]
+    assert all(getattr(t, "pinned_on", None) for t in leaves)
+    assert len(fake.threads) == len(leaves) and consumer not in fake.threads
+
+
 # -- datasets a process loader cannot take -----------------------------------------
 
 class Unpicklable(UnpicklableDataset, Dataset):
