@@ -59,13 +59,21 @@ class _Plan(NamedTuple):
         return iter(BatchSampler(sampler, self.batch_size, self.drop_last))
 
     def following(self) -> _Plan:
-        """The next epoch's plan, once this one's sampler is read to its end."""
+        """The next epoch's plan, once this one's sampler is read to its end.
+        Without replacement only the draws are made (the permutations, not
+        their lists: torch's sampler makes ``num_samples // n + 1``); a wrong
+        state here would only make the plan miss, never give other batches."""
         if not self.shuffle:
             return self._replace(epoch=self.epoch + 1)
         sampler = self.sampler()
-        for _ in sampler:
-            pass
-        return self._replace(epoch=self.epoch + 1, state=bytes(sampler.generator.get_state().numpy()))
+        g = sampler.generator
+        if self.replacement or self.n == 0:
+            for _ in sampler:
+                pass
+        else:
+            for _ in range(sampler.num_samples // self.n + 1):
+                torch.randperm(self.n, generator=g)
+        return self._replace(epoch=self.epoch + 1, state=bytes(g.get_state().numpy()))
 
 
 def _plan(index_sampler: Any, single: bool, epoch: int) -> Optional[_Plan]:

@@ -115,6 +115,29 @@ def test_epochs_loaded_early_are_torchs_epochs(case, touch):
     assert ours == theirs
 
 
+@pytest.mark.parametrize("case", ["sequential", "shuffle", "drop_last", "batch_size=None", "replacement",
+                                  "num_samples"])
+def test_the_plan_made_ahead_is_the_one_the_epoch_reads(case):
+    """The next epoch's plan, made as an epoch begins, is the one read as
+    that epoch begins (nothing drawn in between): the batches loaded early
+    are used, not loaded again."""
+    g = torch.Generator().manual_seed(7)
+    kw = dict(batch_size=3)
+    if case in ("shuffle", "drop_last", "batch_size=None"):
+        kw.update(shuffle=True, drop_last=case == "drop_last", batch_size=None if case == "batch_size=None" else 3)
+    elif case in ("replacement", "num_samples"):
+        kw["sampler"] = _sampler(case, g)
+    with DataLoader(list(range(20)), num_workers=2, persistent_workers=True, generator=g, **kw) as loader:
+        planned = None
+        for _epoch in range(4):
+            it = iter(loader)
+            batches = it._batches
+            assert batches.plan is not None and batches.plan == planned or planned is None
+            planned = batches.next_plan
+            for _batch in it:
+                pass
+
+
 def test_a_dataset_that_changed_length_between_epochs_gives_its_new_order():
     """SequentialSampler reads len(dataset) as each epoch begins: the epoch
     loaded early for the old length is dropped."""
