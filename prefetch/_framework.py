@@ -1,5 +1,5 @@
-"""The Loader behind a framework's DataLoader drop-in (prefetch.torch,
-prefetch.mx): what the two drop-ins share, so each fix lands once.
+"""The Loader behind a framework's DataLoader drop-in (in the adapter
+folders): what the drop-ins share, so each fix lands once.
 
 A drop-in reads its framework's sampler where the framework reads it and
 gives the Loader the epoch's index lists as its ``batch_sampler``. The
@@ -24,11 +24,11 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
     ``remedy``: the framework's process loader, named in the GIL warning.
     ``per_thread``: (dataset, worker_id) -> that thread's dataset, where the
-    threads cannot share it (Gluon's RecordIO readers). ``lookahead``: at
-    most that many batches opened and not yet taken (torch's
-    ``prefetch_factor * num_workers``; 0: the Loader's own bounds only).
-    ``go_on``: a batch whose sample or collate raised is that batch's error
-    and the epoch goes on, as torch's loader does."""
+    threads cannot share it (a RecordIO reader with its own position).
+    ``lookahead``: at most that many batches opened and not yet taken (a
+    framework's ``prefetch_factor * num_workers``; 0: the Loader's own
+    bounds only). ``go_on``: a batch whose sample or collate raised is that
+    batch's error and the epoch goes on, as some frameworks' loaders do."""
 
     def __init__(self, dataset: Any, *, remedy: str, per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, **kwargs: Any) -> None:

@@ -136,8 +136,8 @@ class _Threaded(_Lifecycle):
 
     def adopt_seed(self, seed: int, epoch: Optional[int] = None) -> None:
         """A drop-in's seed for ``sample_rng()`` (its loaders share one, so the
-        draws do not depend on which of them runs an epoch; torch's base
-        seed), and the number of the next epoch where given."""
+        draws do not depend on which of them runs an epoch; a framework's
+        own seed), and the number of the next epoch where given."""
         self._seed = self._stage.seed = seed
         if epoch is not None:
             self._epoch = epoch
