@@ -138,6 +138,18 @@ def test_the_plan_made_ahead_is_the_one_the_epoch_reads(case):
                 pass
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_out_of_order_epochs_loaded_early_give_every_batch_once(shuffle):
+    """in_order=False: each epoch, the early batches among them, gives torch's
+    batches once each, in any order."""
+    kw = dict(batch_size=3, shuffle=shuffle, in_order=False)
+    theirs = torch_epochs(4, dataset=list(range(20)), generator=torch.Generator().manual_seed(2), **kw)
+    with DataLoader(list(range(20)), num_workers=2, persistent_workers=True,
+                    generator=torch.Generator().manual_seed(2), **kw) as loader:
+        ours = [[_value(b) for b in loader] for _epoch in range(4)]
+    assert [sorted(e) for e in ours] == [sorted(e) for e in theirs]
+
+
 def test_a_dataset_that_changed_length_between_epochs_gives_its_new_order():
     """SequentialSampler reads len(dataset) as each epoch begins: the epoch
     loaded early for the old length is dropped."""
