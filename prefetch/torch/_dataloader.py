@@ -309,7 +309,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       order is known ahead: torch's ``SequentialSampler``, or its
       ``RandomSampler`` over a ``generator`` of the loader's own that nothing
       else draws from between epochs (what was loaded early is dropped
-      otherwise; torch's global generator is never read ahead);
+      otherwise; torch's global generator is never read ahead); a change
+      made to the dataset between epochs reaches the batches loaded after
+      it (torch's persistent workers hold copies and never see it);
     - ``multiprocessing_context`` is validated as torch does and then ignored;
       more workers than CPUs draw torch's warning, said of threads;
     - seeds: each thread's ``get_worker_info().seed`` is torch's
