@@ -61,9 +61,14 @@ def worker_info() -> Any: ...
 class _MapEpoch(_Stage):
     order: list[int]
 
+class _Gauge:
+    remedy: str      # the GIL notice's advice on processes
+    noticed: bool    # the notice was given
+
 class _MapStage:
     threads: int
     seed: int
+    gauge: _Gauge
     per_thread: Optional[Callable[[int], Callable[[Any], Any]]]
     def __init__(self, load: Callable[[Any], Any], mode: int, collate: Any, pool: _Pool, name: str,
                  worker_init: Any, seed: int, ordered: bool, depth: int,
