@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler  # noqa: E402
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 
+from prefetch import ClosedError  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
 from prefetch.torch._sampler import _plan  # noqa: E402
 
@@ -194,3 +195,21 @@ def test_orders_of_torchs_own_samplers_are_planned():
     g = torch.Generator().manual_seed(0)
     assert _plan(BatchSampler(SequentialSampler(range(8)), 2, False), single=False, epoch=1) is not None
     assert _plan(BatchSampler(RandomSampler(range(8), generator=g), 2, True), single=False, epoch=1) is not None
+
+
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_loader_closed_or_dropped_while_the_next_epoch_loads_early_leaves_nothing(how):
+    """close() (or dropping the DataLoader) while its threads load the next
+    epoch's first batches stops them; nothing is left running (the autouse
+    fixture checks the threads and the core's objects)."""
+    n = 24
+    ds = Recorded(n)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    for _epoch in range(2):
+        assert len(list(loader)) == 6
+    assert ds.wait_for_calls(2 * n + 1)
+    if how == "close":
+        loader.close()
+        with pytest.raises(ClosedError):
+            next(iter(loader))
+    del loader
