@@ -361,12 +361,12 @@ class DataLoader(_gluon_data.DataLoader):
                 return self._idle.pop()
         loader = FrameworkLoader(self._dataset, per_thread=self._per_thread,
                                  remedy="Gluon's own DataLoader(dataset, num_workers=N)",
-                              batch_sampler=_Batches(self._batch_sampler),
-                              collate=_host_batchify if self._on_host else self._batchify_fn,
-                              workers=max(self._num_workers, 1), depth=max(self._prefetch, 1),
-                              timeout=self._timeout,
-                              device=mx.cpu_pinned(self._pin_device_id) if self._pin_memory else None,
-                              name="gluon-DataLoader")
+                                 batch_sampler=_Batches(self._batch_sampler),
+                                 collate=_host_batchify if self._on_host else self._batchify_fn,
+                                 workers=max(self._num_workers, 1), depth=max(self._prefetch, 1),
+                                 timeout=self._timeout,
+                                 device=mx.cpu_pinned(self._pin_device_id) if self._pin_memory else None,
+                                 name="gluon-DataLoader")
         with self._lock:
             self._loaders.append(loader)
             closed = self._closed

@@ -117,7 +117,12 @@ class _Batches:
         self.sampler = sampler
         self.single = single          # batch_size=None: each index is a batch of its own
         self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
-        self.restart(0)
+        self.plan: Optional[_Plan] = None        # the epoch's, where its order is known ahead
+        self.next_plan: Optional[_Plan] = None   # the next epoch's
+        # torch makes an iterator of the sampler when its DataLoader iterator is
+        # made, and again as the first epoch begins (a sampler that draws in
+        # __iter__ draws twice): so does this.
+        self._open(0)
 
     def restart(self, epoch: int, skip: int = 0) -> None:
         """A new torch epoch, the Loader's ``epoch``: a new iteration of the
@@ -127,13 +132,16 @@ class _Batches:
             plan = _plan(self.sampler, self.single, epoch)
             self.plan = plan if skip == 0 else None
             self.next_plan = None if plan is None else plan.following()
-            self.source = ([i] for i in self.sampler) if self.single else iter(self.sampler)
-            for _ in itertools.islice(self.source, skip):
-                pass
-            self.read: collections.deque[Any] = collections.deque()   # read, not taken by a thread
-            self.tries = 0            # reads of the sampler this epoch (the one that ended it too)
-            self.exhausted = False    # the sampler ended (or raised)
-            self.epoch = object()     # the Loader epoch of an earlier one takes nothing more
+            self._open(skip)
+
+    def _open(self, skip: int) -> None:
+        self.source = ([i] for i in self.sampler) if self.single else iter(self.sampler)
+        for _ in itertools.islice(self.source, skip):
+            pass
+        self.read: collections.deque[Any] = collections.deque()   # read, not taken by a thread
+        self.tries = 0            # reads of the sampler this epoch (the one that ended it too)
+        self.exhausted = False    # the sampler ended (or raised)
+        self.epoch = object()     # the Loader epoch of an earlier one takes nothing more
 
     def order(self, epoch: int) -> Optional[_Plan]:
         """The plan of the Loader's epoch ``epoch``: the one begun, or the next."""

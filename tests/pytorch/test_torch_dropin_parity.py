@@ -665,3 +665,36 @@ def test_a_seeded_generator_after_a_break_with_zero_workers():
     theirs = epochs(TorchLoader, list(range(12)))
     for _run in range(3):
         assert epochs(DataLoader, HeldAfterFirst(12, free=2)) == epochs(DataLoader, list(range(12))) == theirs
+
+
+class EagerSampler(torch.utils.data.Sampler):
+    """Draws its whole order from torch's global generator when iter() is called."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).tolist())
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_sampler_that_draws_in_iter_gives_torch_s_epochs(persistent, batch_size):
+    """torch calls iter() on the sampler when its iterator is made and again as
+    the first epoch begins: a sampler drawing there draws as often here."""
+
+    def epochs(cls, **kw):
+        torch.manual_seed(0)
+        loader = cls(list(range(8)), batch_size=batch_size, sampler=EagerSampler(8), num_workers=2,
+                     persistent_workers=persistent, **kw)
+        got = [[torch.as_tensor(b).tolist() for b in loader] for _epoch in range(2)]
+        if persistent and cls is TorchLoader:
+            loader._iterator._shutdown_workers()
+        elif cls is DataLoader:
+            loader.close()
+        return got
+
+    assert epochs(DataLoader) == epochs(TorchLoader, multiprocessing_context="fork", timeout=30)
