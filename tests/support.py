@@ -121,25 +121,32 @@ class UnpicklableDataset:
 
 class SharedDataset:
     """Counts loads in an mp.Value, admits them through an mp.Semaphore and one
-    at a time through a threading.Semaphore: a pool cannot take these."""
+    at a time through a threading.Semaphore: a pool cannot take these. The
+    most loads inside at once is kept in a dict the dataset refers to, so
+    that copies of it (a torch drop-in's per-worker ones) count together."""
 
     def __init__(self):
         import multiprocessing
         self.count = multiprocessing.Value("i", 0)
         self.admit = multiprocessing.Semaphore(2)
         self.one = threading.Semaphore(1)
-        self.inside = self.most = 0
+        self.seen = {"inside": 0, "most": 0}
+
+    @property
+    def most(self):
+        return self.seen["most"]
 
     def __len__(self):
         return 20
 
     def __getitem__(self, i):
         with self.admit, self.one:
-            self.inside += 1
-            self.most = max(self.most, self.inside)
+            seen = self.seen
+            seen["inside"] += 1
+            seen["most"] = max(seen["most"], seen["inside"])
             with self.count.get_lock():
                 self.count.value += 1
-            self.inside -= 1
+            seen["inside"] -= 1
         return i
 
 

@@ -6,23 +6,20 @@ builds the samplers (``RandomSampler`` with ``generator``,
 ``SequentialSampler``, ``BatchSampler``), sets the attributes, and gives
 ``len()``, ``DataLoader[T]`` and the persistent-workers logic. Only the
 iterator differs: ``num_workers`` threads of a ``prefetch.Loader`` (map-style
-datasets) or of a ``prefetch.map`` (``IterableDataset``) instead of processes.
+datasets) or of a ``prefetch.map`` (``IterableDataset``: ``_shards.py``)
+instead of processes; each thread is a worker (``_worker.py``).
 
-Threading contract: ``_InitThread.__call__``, ``_Batches._take``, ``_OneSample``
-and ``_Shard.run`` run on loader threads; ``get_worker_info`` anywhere;
-everything else on the consumer's thread.
+Threading contract: ``_Batches._take`` and ``_OneSample`` run on loader
+threads (and what ``_worker.py`` and ``_shards.py`` say); everything else
+on the consumer's thread.
 """
 from __future__ import annotations
 
 import base64
 import collections.abc
 import copy
-import functools
 import inspect
-import itertools
 import os
-import random
-import threading
 import warnings
 import weakref
 from typing import Any, TypeVar
@@ -30,52 +27,21 @@ from typing import Any, TypeVar
 import numpy as np
 from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
-from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
-from prefetch import map as prefetch_map
 from prefetch._framework import FrameworkLoader
 from prefetch._options import check_num_workers
 from prefetch.torch._device import PinnedHost
 from prefetch.torch._sampler import _Batches
+from prefetch.torch._shards import NOTHING, ShardMap
 from prefetch.torch._torch import torch
+from prefetch.torch._worker import InitThread, get_worker_info, thread_replica
 
 __all__ = ["DataLoader", "get_worker_info"]
 
 _T_co = TypeVar("_T_co", covariant=True)
-_local = threading.local()   # .info on the threads of our loaders (None when num_workers=0)
-_NOTHING = object()          # a shard's task that found its iterator already ended
 _REPLICAS = ("For multiprocessing data-loading, this could be caused by not properly configuring the "
              "IterableDataset replica at each worker. Please see "
              "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.")
-
-
-def get_worker_info() -> WorkerInfo | None:
-    """torch's ``WorkerInfo`` (id, num_workers, seed, dataset, rng) of the
-    loader thread calling it, as ``torch.utils.data.get_worker_info()`` gives
-    it in a worker process; None on any other thread, and with
-    ``num_workers=0`` (torch loads in the main process then).
-
-    ``rng`` holds per-thread ``random.Random``, ``torch.Generator`` and
-    ``numpy.random.Generator`` seeded with ``seed``: a thread cannot reseed
-    the process-wide generators as a worker process does. Called outside
-    these threads it returns what ``torch.utils.data.get_worker_info()``
-    returns, so a dataset using it also works in torch's own DataLoader.
-    """
-    try:
-        return _local.info
-    except AttributeError:
-        return torch.utils.data.get_worker_info()
-
-
-def _worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> WorkerInfo | None:
-    if num_workers == 0:
-        return None
-    seed = base_seed + worker_id   # torch's per-worker seed
-    rng = _RNG(random_generator=random.Random(seed),
-               torch_generator=torch.Generator().manual_seed(seed),
-               numpy_generator=np.random.default_rng([worker_id, base_seed & 0xFFFFFFFFFFFFFFFF]))
-    return WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng,
-                      worker_method="thread")
 
 
 class _OneSample:
@@ -88,183 +54,6 @@ class _OneSample:
         return self.collate_fn(samples[0])
 
 
-class _InitThread:
-    """A Loader's worker_init: torch's WorkerInfo for the thread, then the
-    user's ``worker_init_fn(worker_id)`` (not called when num_workers=0, as in
-    torch)."""
-
-    def __init__(self, num_workers: int, base_seed: int, dataset: Any, worker_init_fn: Any) -> None:
-        self.num_workers = num_workers
-        self.base_seed = base_seed
-        self.dataset = dataset
-        self.worker_init_fn = worker_init_fn
-
-    def __call__(self, worker_id: int) -> None:
-        _local.info = _worker_info(worker_id, self.num_workers, self.base_seed, self.dataset)
-        if self.worker_init_fn is not None and self.num_workers > 0:
-            self.worker_init_fn(worker_id)
-
-
-class _Shard:
-    """One worker's replica of an IterableDataset, as a worker process holds
-    it: a shallow copy of the dataset (so that ``worker_init_fn`` may
-    configure ``get_worker_info().dataset`` for this worker alone), its own
-    ``iter()``, its WorkerInfo. Its tasks are numbered; task j waits for task
-    j - 1, so the replica is iterated by one thread at a time, in order."""
-
-    def __init__(self, worker_id: int, loader: DataLoader, base_seed: int) -> None:
-        n = loader.num_workers
-        self.id = worker_id
-        self.dataset = copy.copy(loader.dataset) if n > 0 else loader.dataset
-        self.info = _worker_info(worker_id, n, base_seed, self.dataset)
-        self.worker_init_fn = loader.worker_init_fn if n > 0 else None
-        self.batch_size = loader.batch_size
-        self.drop_last = loader.drop_last
-        self.collate_fn = loader.collate_fn
-        self.initialized = False   # worker_init_fn has run
-        self.turn = threading.Condition()
-        self.reset()
-
-    def reset(self) -> None:
-        """A new epoch (persistent workers keep the replica and skip worker_init_fn)."""
-        self.iterator: Any = None
-        self.ended = False
-        self.issued = 0       # tasks handed to the map
-        self.next_task = 0    # the task whose turn it is
-        self.cancelled = False
-
-    def run(self, task: int) -> Any:
-        with self.turn:
-            self.turn.wait_for(lambda: self.next_task == task or self.cancelled)
-            if self.cancelled:
-                return _NOTHING
-        try:
-            return self.fetch()
-        finally:
-            with self.turn:
-                self.next_task = task + 1
-                self.turn.notify_all()
-
-    def fetch(self) -> Any:
-        """The replica's next batch, on the calling thread as this worker."""
-        saved = getattr(_local, "info", _NOTHING)
-        _local.info = self.info
-        try:
-            return self._fetch()
-        finally:
-            if saved is _NOTHING:
-                del _local.info
-            else:
-                _local.info = saved
-
-    def cancel(self) -> None:
-        """The epoch ended (end, error, close): a task waiting for its turn
-        returns. A task may wait for one that the loader will never run,
-        once an error has ended the epoch."""
-        with self.turn:
-            self.cancelled = True
-            self.turn.notify_all()
-
-    def _fetch(self) -> Any:
-        # torch's _IterableDatasetFetcher, one batch.
-        if self.ended:
-            return _NOTHING
-        if self.iterator is None:
-            if not self.initialized and self.worker_init_fn is not None:
-                self.worker_init_fn(self.id)
-            self.initialized = True
-            self.iterator = iter(self.dataset)
-        if self.batch_size is None:
-            try:
-                sample = next(self.iterator)
-            except StopIteration:
-                self.ended = True
-                return _NOTHING
-            return self.collate_fn(sample)
-        samples = []
-        for _ in range(self.batch_size):
-            try:
-                samples.append(next(self.iterator))
-            except StopIteration:
-                self.ended = True
-                break
-        if not samples or (self.drop_last and len(samples) < self.batch_size):
-            self.ended = True
-            return _NOTHING
-        return self.collate_fn(samples)
-
-
-def _tasks(shards: list[_Shard]) -> Any:
-    """Tasks round-robin over the shards still running, as torch hands
-    indices to its workers; a task given to a shard that has ended meanwhile
-    yields nothing, so the batches come out in torch's order."""
-    while True:
-        live = [s for s in shards if not s.ended]
-        if not live:
-            return
-        for s in live:
-            yield functools.partial(s.run, s.issued)
-            s.issued += 1
-
-
-class _AnyShard:
-    """in_order=False: each task takes the next batch of a shard no other
-    thread is iterating (round-robin among those), so a worker held inside
-    its dataset holds back only its own batches, as a worker process does.
-    Tasks take their shard in the order they were issued, so a shard's
-    batches are numbered in its own order. There are as many threads as
-    shards: a task finds one free, or all ended."""
-
-    def __init__(self, shards: list[_Shard]) -> None:
-        self.shards = shards
-        self.free = threading.Condition()
-        self.busy: set[int] = set()
-        self.turn = 0          # the shard tried first next
-        self.serving = 0       # the task whose turn it is to take a shard
-        self.cancelled = False
-
-    def tasks(self) -> Any:
-        for task in itertools.count():
-            if all(s.ended for s in self.shards):
-                return
-            yield functools.partial(self.run, task)
-
-    def run(self, task: int) -> Any:
-        n = len(self.shards)
-        with self.free:
-            while True:
-                if self.cancelled:
-                    return _NOTHING
-                if self.serving == task:
-                    order = [self.shards[(self.turn + j) % n] for j in range(n)]
-                    live = [s for s in order if not s.ended]
-                    shard = next((s for s in live if s.id not in self.busy), None)
-                    if shard is not None or not live:
-                        break
-                self.free.wait()
-            self.serving += 1
-            self.free.notify_all()
-            if shard is None:
-                return _NOTHING
-            self.busy.add(shard.id)
-            self.turn = shard.id + 1
-        try:
-            return shard.fetch()
-        finally:
-            with self.free:
-                self.busy.discard(shard.id)
-                self.free.notify_all()
-
-    def cancel(self) -> None:
-        with self.free:
-            self.cancelled = True
-            self.free.notify_all()
-
-
-def _run_task(task: Any) -> Any:
-    return task()
-
-
 _TORCH_INIT = inspect.signature(torch.utils.data.DataLoader.__init__)
 
 
@@ -274,11 +63,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ``num_workers`` threads (0: one thread, with ``get_worker_info()`` None and
     no ``worker_init_fn``, as torch's main-process loading).
 
-    The dataset is shared by the threads, not pickled: a dataset holding
-    locks, open files, generators, weak references or ``multiprocessing``
-    objects works, and ``dataset[i]`` must allow being called by several
-    threads at once. An ``IterableDataset`` is iterated once per worker, each
-    worker holding a shallow copy of it; it shards itself through
+    The dataset is not pickled: a dataset holding locks, open files,
+    generators, weak references or ``multiprocessing`` objects works, and
+    ``dataset[i]`` must allow being called by several threads at once. Each
+    worker thread loads from a shallow copy of its own (and of each torch
+    dataset inside it), as each worker process holds a copy: what
+    ``dataset[i]`` or ``worker_init_fn`` sets on it (a file opened on first
+    use) is that worker's, while the objects it refers to are shared; one
+    that cannot be copied is shared; with ``num_workers=0`` the thread loads
+    from the dataset itself. An ``IterableDataset`` is iterated once per
+    worker, from that worker's copy, by that worker's thread alone (as by
+    one worker process: a connection opened in ``__iter__`` works); it
+    shards itself through
     ``prefetch.torch.get_worker_info()`` (``torch.utils.data.get_worker_info()``
     returns None in a thread). One that ignores it yields every sample
     ``num_workers`` times, as with torch's processes.
@@ -309,9 +105,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       order is known ahead: torch's ``SequentialSampler``, or its
       ``RandomSampler`` over a ``generator`` of the loader's own that nothing
       else draws from between epochs (what was loaded early is dropped
-      otherwise; torch's global generator is never read ahead); a change
-      made to the dataset between epochs reaches the batches loaded after
-      it (torch's persistent workers hold copies and never see it);
+      otherwise; torch's global generator is never read ahead); persistent
+      workers keep their copies of the dataset, as torch's do;
     - ``multiprocessing_context`` is validated as torch does and then ignored;
       more workers than CPUs draw torch's warning, said of threads;
     - seeds: each thread's ``get_worker_info().seed`` is torch's
@@ -577,12 +372,11 @@ class _ThreadIter:
             torch.default_generator.set_state(users)
         self._batches: _Batches | None = None
         if self._iterable:
-            shards = [_Shard(w, loader, base_seed) for w in range(threads)]
-            self._source: Any = _ShardMap(shards, options, self._ahead, base_seed)
+            self._source: Any = ShardMap(loader, options, self._ahead, base_seed)
         else:
             auto = loader._auto_collation
             self._batches = _Batches(self._index_sampler, single=not auto)
-            init = _InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
+            init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
             # torch's default_collate: the Loader's own collate gives the same batches,
             # each sample copied once into its row (torch stacks a list, then copies
             # again into shared memory); _as_torch turns its numpy leaves into tensors.
@@ -592,8 +386,11 @@ class _ThreadIter:
             # A batch's error is that batch's; the epoch goes on (torch's does).
             # Pinned on the publisher thread, as on torch's pin-memory thread;
             # what only torch's pin_memory() knows (an object's own) on the consumer's.
+            # Each thread loads from a copy of its own, as each worker process (not with
+            # num_workers=0: torch's main process loads from the dataset itself).
+            per_thread = thread_replica if loader.num_workers > 0 else None
             self._source = FrameworkLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
-                                           worker_init=init, seed=base_seed, lookahead=self._ahead, go_on=True,
+                                           per_thread=per_thread, worker_init=init, seed=base_seed, lookahead=self._ahead, go_on=True,
                                            device=PinnedHost() if self._pin else None,
                                            remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
                                            **options)
@@ -663,7 +460,7 @@ class _ThreadIter:
         failed = core.failed
         try:
             batch = next(self._epoch)
-            while batch is _NOTHING:
+            while batch is NOTHING:
                 batch = next(self._epoch)
         except TimeoutError as exc:   # the epoch goes on: next() waits again
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
@@ -706,46 +503,3 @@ class _ThreadIter:
 
     def close(self) -> None:
         self._end(close=True)
-
-
-class _ShardMap:
-    """The IterableDataset's loader: a ``prefetch.map`` over the shards'
-    tasks, started afresh for each epoch (iterating it again starts the next
-    one, as iterating a Loader again does)."""
-
-    def __init__(self, shards: list[_Shard], options: dict[str, Any], ahead: int, seed: int) -> None:
-        self.shards = shards
-        self.options = options
-        self.ahead = ahead
-        self.seed = seed     # torch's base seed: prefetch.sample_rng()'s, as in a map-style dataset
-        self.epoch = 0       # the next epoch's number (sample_rng() draws anew each epoch)
-        self.map: Any = None
-        self.any: _AnyShard | None = None   # in_order=False: the epoch's tasks
-
-    def __iter__(self) -> Any:
-        self.close()
-        for s in self.shards:
-            s.reset()
-        if self.options["ordered"]:
-            tasks = _tasks(self.shards)
-        else:
-            self.any = _AnyShard(self.shards)
-            tasks = self.any.tasks()
-        self.map = prefetch_map(_run_task, tasks, **self.options)
-        self.map._stage.set_lookahead(self.ahead)
-        self.map.adopt_seed(self.seed, self.epoch)
-        self.epoch += 1
-        return iter(self.map)
-
-    def cancel(self) -> None:
-        """Tasks waiting for a shard's turn (or a free shard) return."""
-        for s in self.shards:
-            s.cancel()
-        if self.any is not None:
-            self.any.cancel()
-
-    def close(self) -> None:
-        if self.map is not None:
-            self.cancel()
-            self.map.close()
-            self.map = None

@@ -1,0 +1,260 @@
+"""An IterableDataset on threads, iterated as torch's worker processes iterate it.
+
+Worker w is loader thread w of a ``prefetch.map``: that thread alone runs its
+replica (a copy of the dataset, ``worker_init_fn`` once, ``iter()`` each
+epoch, every ``next()``), as worker process w does, so a dataset may hold
+what only the thread that made it may use (an SQLite connection opened in
+``__iter__``, a thread-local set by ``worker_init_fn``). A worker makes at
+most ``prefetch_factor`` batches the consumer has not taken from it. The map
+hands batches on as they complete; ``_InTurn`` gives them in torch's order:
+with ``in_order``, one of each worker still running in turn (a worker's batch
+j after batch j of the workers before it), else as they come.
+
+Threading contract: ``_Shard.fetch`` and ``_ShardEpoch.run`` run on loader
+threads (thread w on shard w only); everything else on the consumer's thread.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from typing import Any
+
+from prefetch import map as prefetch_map
+from prefetch._core import set_sample_index
+from prefetch.torch._replica import replica
+from prefetch.torch._worker import _local, worker_info
+
+NOTHING = object()   # a task that made no batch: its worker had ended, or the epoch was cancelled
+_END = object()      # a worker's iterator has ended: its last result of the epoch
+
+
+class _Raised:
+    """A worker's error, raised on the consumer's thread at that worker's turn."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+class _Shard:
+    """One worker's replica of an IterableDataset, as a worker process holds
+    it: a copy of the dataset (``replica()``: so that ``worker_init_fn`` may
+    configure ``get_worker_info().dataset`` for this worker alone), its own
+    ``iter()`` each epoch, its WorkerInfo. Used by its worker's thread only."""
+
+    def __init__(self, worker_id: int, loader: Any, base_seed: int) -> None:
+        n = loader.num_workers
+        self.id = worker_id
+        self.dataset = replica(loader.dataset) if n > 0 else loader.dataset
+        self.info = worker_info(worker_id, n, base_seed, self.dataset)
+        self.worker_init_fn = loader.worker_init_fn if n > 0 else None
+        self.batch_size = loader.batch_size
+        self.drop_last = loader.drop_last
+        self.collate_fn = loader.collate_fn
+        self.initialized = False   # worker_init_fn has run (persistent workers run it once)
+        self.epoch = -1            # the epoch its iterator is of
+        self.iterator: Any = None
+
+    def fetch(self, epoch: int) -> Any:
+        """The replica's next batch of epoch ``epoch`` (``_END`` once it has none)."""
+        # torch's _IterableDatasetFetcher, one batch.
+        _local.info = self.info
+        if self.epoch != epoch:
+            self.epoch, self.iterator = epoch, None
+        if self.iterator is None:
+            if not self.initialized and self.worker_init_fn is not None:
+                self.worker_init_fn(self.id)
+            self.initialized = True
+            self.iterator = iter(self.dataset)
+        if self.batch_size is None:
+            try:
+                sample = next(self.iterator)
+            except StopIteration:
+                return _END
+            return self.collate_fn(sample)
+        samples = []
+        for _ in range(self.batch_size):
+            try:
+                samples.append(next(self.iterator))
+            except StopIteration:
+                break
+        if not samples or (self.drop_last and len(samples) < self.batch_size):
+            return _END
+        if len(samples) < self.batch_size:
+            self.iterator = iter(())   # ended: the next fetch says so without calling the dataset
+        return self.collate_fn(samples)
+
+
+class _ShardEpoch:
+    """One epoch of the workers: the map's items are tasks (this object, once
+    per batch a worker may make); the thread of worker w runs them as w."""
+
+    def __init__(self, shards: list[_Shard], per_worker: int, number: int) -> None:
+        n = len(shards)
+        self.n = n
+        self.per_worker = per_worker
+        self.number = number
+        self.made = [0] * n        # batches each worker made this epoch (an error counts)
+        self.taken = [0] * n       # of those, taken by the consumer
+        self.ended = [False] * n   # the worker's iterator ended (or raised)
+        self.cv = threading.Condition()
+        self.cancelled = False
+
+    def tasks(self) -> Any:
+        """A task per batch a worker may make, until every worker has ended."""
+        while not all(self.ended):
+            yield self
+
+    def run(self, shard: _Shard) -> Any:
+        """Worker ``shard``'s next batch as (its id, the batch, _END or an error),
+        once it has fewer than ``per_worker`` batches not taken; NOTHING when it
+        has ended (once every worker has) or the epoch is cancelled."""
+        w = shard.id
+        with self.cv:
+            self.cv.wait_for(lambda: self.cancelled or (
+                all(self.ended) if self.ended[w] else self.made[w] - self.taken[w] < self.per_worker))
+            if self.cancelled or self.ended[w]:
+                return NOTHING
+        # sample_rng()'s stream: worker w's batch j is the (j * n + w)th in torch's order
+        set_sample_index(self.made[w] * self.n + w)
+        try:
+            batch = shard.fetch(self.number)
+        except Exception as exc:   # raised at the worker's turn; the epoch ends there
+            batch = _Raised(exc)
+        with self.cv:
+            if batch is _END or isinstance(batch, _Raised):
+                self.ended[w] = True
+            self.made[w] += 1
+            self.cv.notify_all()
+        return w, batch
+
+    def take(self, w: int) -> None:
+        """The consumer took one of worker ``w``'s batches: room for another."""
+        with self.cv:
+            self.taken[w] += 1
+            self.cv.notify_all()
+
+    def cancel(self) -> None:
+        """The epoch ended (end, error, close, a new epoch): waiting tasks return NOTHING."""
+        with self.cv:
+            self.cancelled = True
+            self.cv.notify_all()
+
+
+def _run_as(shard: _Shard, epoch: _ShardEpoch) -> Any:
+    return epoch.run(shard)
+
+
+class _InTurn:
+    """The epoch's batches from the map, in torch's order (``ordered``: one
+    of each worker still running in turn; else as they come)."""
+
+    def __init__(self, epoch: _ShardEpoch, results: Any, ordered: bool) -> None:
+        self.epoch = epoch
+        self.results = results
+        self._core = results._core   # the map's: its state and failures (the DataLoader's iterator reads them)
+        self.ordered = ordered
+        n = epoch.n
+        self.held: list[collections.deque[Any]] = [collections.deque() for _ in range(n)]
+        self.ended = [False] * n     # the worker's _END has come
+        self.turn = 0
+
+    def __iter__(self) -> _InTurn:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            if self.ordered:
+                w = self._due()
+                if w is not None:
+                    return self._hand(w, self.held[w].popleft())
+            result = next(self.results)   # StopIteration: every worker has ended
+            if result is NOTHING:
+                continue
+            w, batch = result
+            if batch is _END:
+                self.ended[w] = True
+            elif not self.ordered:
+                return self._hand(w, batch)
+            else:
+                self.held[w].append(batch)
+
+    def _due(self) -> int | None:
+        """The worker whose batch is next, if it is here; a worker that has
+        ended loses its turn."""
+        for _ in range(len(self.held)):
+            w = self.turn
+            if not self.held[w] and self.ended[w]:
+                self.turn = (w + 1) % len(self.held)
+                continue
+            if self.held[w]:
+                self.turn = (w + 1) % len(self.held)
+                return w
+            return None
+        return None
+
+    def _hand(self, w: int, batch: Any) -> Any:
+        self.epoch.take(w)
+        if isinstance(batch, _Raised):
+            raise batch.exc
+        return batch
+
+
+class _Tasks:
+    """The map's iterable: each pass is the current epoch's tasks."""
+
+    def __init__(self, owner: ShardMap) -> None:
+        self.owner = owner
+
+    def __iter__(self) -> Any:
+        epoch = self.owner.now
+        assert epoch is not None
+        return epoch.tasks()
+
+
+class ShardMap:
+    """The IterableDataset's loader: one ``prefetch.map`` whose thread w is
+    worker w, kept across epochs (iterating it again starts the next one, as
+    iterating a Loader again does): with persistent workers, a worker's
+    thread, replica and ``worker_init_fn`` state last from epoch to epoch."""
+
+    def __init__(self, loader: Any, options: dict[str, Any], ahead: int, seed: int) -> None:
+        threads = options["workers"]
+        self.shards = [_Shard(w, loader, seed) for w in range(threads)]
+        self.options = dict(options, ordered=False)   # _InTurn puts the batches in order
+        self.ordered = options["ordered"]
+        self.ahead = ahead
+        self.per_worker = max(ahead // threads, 1)   # torch's prefetch_factor
+        self.seed = seed     # torch's base seed: prefetch.sample_rng()'s, as in a map-style dataset
+        self.epoch = 0       # the next epoch's number (sample_rng() draws anew each epoch)
+        self.map: Any = None
+        self.now: _ShardEpoch | None = None
+
+    def __iter__(self) -> _InTurn:
+        self.cancel()   # the epoch before: its waiting tasks return
+        self.now = _ShardEpoch(self.shards, self.per_worker, self.epoch)
+        if self.map is None:
+            self.map = prefetch_map(_unused, _Tasks(self), **self.options)
+            self.map._stage.per_thread = self._load_for
+            self.map._stage.set_lookahead(self.ahead)
+        self.map.adopt_seed(self.seed, self.epoch)
+        self.epoch += 1
+        return _InTurn(self.now, iter(self.map), self.ordered)
+
+    def _load_for(self, worker_id: int) -> Any:
+        """The map stage's per_thread: loader thread ``worker_id`` is that worker."""
+        return functools.partial(_run_as, self.shards[worker_id])
+
+    def cancel(self) -> None:
+        """Tasks waiting for room return."""
+        if self.now is not None:
+            self.now.cancel()
+
+    def close(self) -> None:
+        self.cancel()
+        if self.map is not None:
+            self.map.close()
+
+
+def _unused(task: Any) -> Any:
+    raise AssertionError("each loader thread runs its worker's load")   # per_thread replaces it

@@ -1,0 +1,75 @@
+"""A loader thread as torch's worker: its ``WorkerInfo`` and its copy of the dataset.
+
+``get_worker_info()`` gives a loader thread what
+``torch.utils.data.get_worker_info()`` gives a worker process. For a
+map-style dataset, ``thread_replica`` (the Loader's per_thread) and
+``InitThread`` (its worker_init) run on each loader thread as it starts; an
+IterableDataset's worker (``_shards.py``) sets the same thread-local fields.
+"""
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import numpy as np
+from torch.utils.data._utils.worker import _RNG, WorkerInfo
+
+from prefetch.torch._replica import replica
+from prefetch.torch._torch import torch
+
+_local = threading.local()   # .info on the threads of our loaders (None when num_workers=0); .replica
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """torch's ``WorkerInfo`` (id, num_workers, seed, dataset, rng) of the
+    loader thread calling it, as ``torch.utils.data.get_worker_info()`` gives
+    it in a worker process; None on any other thread, and with
+    ``num_workers=0`` (torch loads in the main process then).
+
+    ``rng`` holds per-thread ``random.Random``, ``torch.Generator`` and
+    ``numpy.random.Generator`` seeded with ``seed``: a thread cannot reseed
+    the process-wide generators as a worker process does. Called outside
+    these threads it returns what ``torch.utils.data.get_worker_info()``
+    returns, so a dataset using it also works in torch's own DataLoader.
+    """
+    try:
+        return _local.info
+    except AttributeError:
+        return torch.utils.data.get_worker_info()
+
+
+def worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> WorkerInfo | None:
+    if num_workers == 0:
+        return None
+    seed = base_seed + worker_id   # torch's per-worker seed
+    rng = _RNG(random_generator=random.Random(seed),
+               torch_generator=torch.Generator().manual_seed(seed),
+               numpy_generator=np.random.default_rng([worker_id, base_seed & 0xFFFFFFFFFFFFFFFF]))
+    return WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng,
+                      worker_method="thread")
+
+
+def thread_replica(dataset: Any, worker_id: int) -> Any:
+    """A Loader's per_thread: the thread's copy of a map-style dataset, as a
+    worker process holds one (``get_worker_info().dataset`` names it)."""
+    _local.replica = replica(dataset)
+    return _local.replica
+
+
+class InitThread:
+    """A Loader's worker_init: torch's WorkerInfo for the thread, then the
+    user's ``worker_init_fn(worker_id)`` (not called when num_workers=0, as in
+    torch)."""
+
+    def __init__(self, num_workers: int, base_seed: int, dataset: Any, worker_init_fn: Any) -> None:
+        self.num_workers = num_workers
+        self.base_seed = base_seed
+        self.dataset = dataset
+        self.worker_init_fn = worker_init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        dataset = getattr(_local, "replica", self.dataset)
+        _local.info = worker_info(worker_id, self.num_workers, self.base_seed, dataset)
+        if self.worker_init_fn is not None and self.num_workers > 0:
+            self.worker_init_fn(worker_id)
