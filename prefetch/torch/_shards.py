@@ -27,6 +27,7 @@ from prefetch.torch._worker import _local, worker_info
 
 NOTHING = object()   # a task that made no batch: its worker had ended, or the epoch was cancelled
 _END = object()      # a worker's iterator has ended: its last result of the epoch
+_WAIT_SLICE_S = 0.1  # a task waiting for room re-checks that its map is not closing
 
 
 class _Raised:
@@ -89,8 +90,9 @@ class _ShardEpoch:
     """One epoch of the workers: the map's items are tasks (this object, once
     per batch a worker may make); the thread of worker w runs them as w."""
 
-    def __init__(self, shards: list[_Shard], per_worker: int, number: int) -> None:
+    def __init__(self, shards: list[_Shard], per_worker: int, number: int, closed: Any) -> None:
         n = len(shards)
+        self.closed = closed       # () -> the map is closing: a waiting task returns (close() joins it)
         self.n = n
         self.per_worker = per_worker
         self.number = number
@@ -111,9 +113,10 @@ class _ShardEpoch:
         has ended (once every worker has) or the epoch is cancelled."""
         w = shard.id
         with self.cv:
-            self.cv.wait_for(lambda: self.cancelled or (
-                all(self.ended) if self.ended[w] else self.made[w] - self.taken[w] < self.per_worker))
-            if self.cancelled or self.ended[w]:
+            while not (self.cancelled or self.closed() or (
+                    all(self.ended) if self.ended[w] else self.made[w] - self.taken[w] < self.per_worker)):
+                self.cv.wait(_WAIT_SLICE_S)
+            if self.cancelled or self.closed() or self.ended[w]:
                 return NOTHING
         # sample_rng()'s stream: worker w's batch j is the (j * n + w)th in torch's order
         set_sample_index(self.made[w] * self.n + w)
@@ -232,7 +235,7 @@ class ShardMap:
 
     def __iter__(self) -> _InTurn:
         self.cancel()   # the epoch before: its waiting tasks return
-        self.now = _ShardEpoch(self.shards, self.per_worker, self.epoch)
+        self.now = _ShardEpoch(self.shards, self.per_worker, self.epoch, self._closing)
         if self.map is None:
             self.map = prefetch_map(_unused, _Tasks(self), **self.options)
             self.map._stage.per_thread = self._load_for
@@ -240,6 +243,9 @@ class ShardMap:
         self.map.adopt_seed(self.seed, self.epoch)
         self.epoch += 1
         return _InTurn(self.now, iter(self.map), self.ordered)
+
+    def _closing(self) -> bool:
+        return self.map is not None and bool(self.map.closed)
 
     def _load_for(self, worker_id: int) -> Any:
         """The map stage's per_thread: loader thread ``worker_id`` is that worker."""
