@@ -22,6 +22,14 @@ from prefetch.torch import DataLoader  # noqa: E402
 RECORD = 4096
 
 
+def _shut(loader):
+    """Ends a loader's workers: ours close(); torch's persistent ones their queue threads too."""
+    if isinstance(loader, DataLoader):
+        loader.close()
+    elif loader._iterator is not None:
+        loader._iterator._shutdown_workers()
+
+
 def _worker_id():
     info = prefetch.torch.get_worker_info()   # torch's own in torch's worker processes
     return info.id
@@ -176,8 +184,7 @@ def test_a_change_between_epochs_reaches_the_workers_as_in_torch(persistent):
         got = [torch.cat(list(loader)).tolist()]
         ds.scale = 10
         got.append(torch.cat(list(loader)).tolist())
-        if hasattr(loader, "close"):
-            loader.close()
+        _shut(loader)
         return got
 
     assert epochs(DataLoader) == epochs(TorchLoader)
@@ -302,8 +309,7 @@ def test_an_iterable_dataset_s_iterator_runs_on_one_thread_as_in_torch(tmp_path,
     def epochs(cls):
         loader = cls(Rows(path), batch_size=4, num_workers=2, persistent_workers=persistent)
         got = [[b.tolist() for b in loader] for _epoch in range(3)]
-        if hasattr(loader, "close"):
-            loader.close()
+        _shut(loader)
         return got
 
     theirs = epochs(TorchLoader)
@@ -336,8 +342,7 @@ def test_thread_state_worker_init_fn_sets_is_its_worker_s_in_every_epoch_as_in_t
         loader = cls(ThreadState(), batch_size=None, num_workers=2, persistent_workers=persistent,
                      worker_init_fn=_remember_worker)
         got = [[tuple(int(v) for v in b) for b in loader] for _epoch in range(3)]
-        if hasattr(loader, "close"):
-            loader.close()
+        _shut(loader)
         return got
 
     theirs = epochs(TorchLoader)
@@ -363,3 +368,29 @@ def test_a_worker_waiting_for_room_returns_when_its_map_closes_by_itself():
     left = [t.name for t in before if t.is_alive() and t.name.startswith("torch-DataLoader")]
     assert not left
     loader.close()
+
+
+class Uneven(torch.utils.data.IterableDataset):
+    """Worker w yields 3 + 4 * w items (w * 100 + j): the workers end at different times."""
+
+    def __iter__(self):
+        info = prefetch.torch.get_worker_info()
+        w = 0 if info is None else info.id
+        return iter(range(w * 100, w * 100 + 3 + 4 * w))
+
+
+@pytest.mark.parametrize("num_workers,batch_size,drop_last,prefetch_factor", [
+    (1, 2, False, 2), (2, 2, False, 1), (3, None, False, 2), (3, 2, True, 3), (4, 3, False, 1)])
+def test_uneven_workers_come_in_torch_s_order_epoch_after_epoch(num_workers, batch_size, drop_last,
+                                                                prefetch_factor):
+    """in_order: one batch of each worker still running in turn; a worker that
+    has ended loses its turn; persistent workers give every epoch the same."""
+    def epochs(cls):
+        loader = cls(Uneven(), batch_size=batch_size, drop_last=drop_last, num_workers=num_workers,
+                     prefetch_factor=prefetch_factor, persistent_workers=True)
+        got = [[b.tolist() if isinstance(b, torch.Tensor) else b for b in loader] for _epoch in range(2)]
+        _shut(loader)
+        return got
+
+    theirs = epochs(TorchLoader)
+    assert epochs(DataLoader) == theirs
