@@ -8,7 +8,7 @@ builds Gluon's own samplers, and loads with a ``prefetch.Loader``.
 Each iteration is a pass of its own, as in Gluon: a pass runs on a Loader
 that no other pass holds (one left by an ended or dropped pass, or a new one).
 
-Threading contract: ``_OwnReaders`` runs on loader threads (once each);
+Threading contract: ``_OwnCopy`` runs on loader threads (once each);
 everything else on the consumer's thread, and a dropped pass's ``finally``
 wherever its generator is collected.
 """
@@ -24,6 +24,7 @@ import types
 import numpy as np
 
 from prefetch._framework import FrameworkLoader
+from prefetch._replica import replica
 from prefetch._resume import check_state
 from prefetch._types import ClosedError
 from prefetch.mx._mxnet import mx
@@ -191,16 +192,21 @@ def _copy_along(obj, paths, memo):
     return own
 
 
-class _OwnReaders:
-    """The Loader's per-thread hook: each loader thread reads the dataset
-    through a copy holding readers of its own, wherever they sit in it. A
-    reader's seek-then-read is not atomic, so threads cannot share one."""
+class _OwnCopy:
+    """The Loader's per-thread hook: each loader thread loads from a copy of
+    the dataset, as each of Gluon's worker processes does. It holds readers
+    of its own, wherever they sit in it (``paths``; a reader's seek-then-read
+    is not atomic, so threads cannot share one), and with ``copies``, a
+    shallow copy of each Gluon dataset in it (what ``__getitem__`` sets on
+    it, a file opened on first use, is the thread's)."""
 
-    def __init__(self, paths):
+    def __init__(self, paths, copies):
         self.paths = paths
+        self.copies = copies
 
     def __call__(self, dataset, worker_id):
-        return _copy_along(dataset, self.paths, {})
+        own = _copy_along(dataset, self.paths, {}) if self.paths else dataset
+        return replica(own, (_gluon_data.Dataset,)) if self.copies else own
 
 
 # -- the batch sampler, its order and its state ----------------------------------
@@ -267,10 +273,14 @@ class DataLoader(_gluon_data.DataLoader):
     """``mx.gluon.data.DataLoader`` with the same signature, samplers and
     batches, loading on ``num_workers`` threads (one when it is 0).
 
-    The dataset is shared by the threads, not pickled: a dataset holding
-    locks, open files, generators, weak references or ``multiprocessing``
-    objects works, and ``dataset[i]`` must allow being called by several
-    threads at once. A RecordIO reader (``RecordFileDataset``,
+    The dataset is not pickled: a dataset holding locks, open files,
+    generators, weak references or ``multiprocessing`` objects works, and
+    ``dataset[i]`` must allow being called by several threads at once. With
+    ``num_workers > 0`` each thread loads from a shallow copy of its own (and
+    of each Gluon dataset inside it), as each worker process holds a copy:
+    what ``dataset[i]`` sets on it (a file opened on first use) is that
+    thread's, while the objects it refers to are shared; one that cannot be
+    copied is shared. A RecordIO reader (``RecordFileDataset``,
     ``ImageRecordDataset``, an ``MXIndexedRecordIO`` of your own), wherever
     it sits in the dataset (under ``transform``, in an ``ArrayDataset``, a
     list, a tuple, a dict or an attribute of your own wrapper), is read by
@@ -335,7 +345,9 @@ class DataLoader(_gluon_data.DataLoader):
         # Gluon's default on the host: one copy fewer per batch (pinned batches go Gluon's way)
         self._on_host = self._batchify_fn is _default_batchify_fn and not pin_memory
         paths = _reader_paths(dataset)
-        self._per_thread = _OwnReaders(paths) if paths else None
+        # num_workers=0: Gluon loads from the dataset itself (its readers are still the thread's)
+        copies = self._num_workers > 0
+        self._per_thread = _OwnCopy(paths, copies) if paths or copies else None
         # Each pass (each iteration, as in Gluon) runs on a Loader of its own;
         # one whose pass ended or was dropped serves the next pass.
         self._lock = threading.Lock()

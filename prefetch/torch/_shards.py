@@ -22,8 +22,8 @@ from typing import Any
 
 from prefetch import map as prefetch_map
 from prefetch._core import set_sample_index
-from prefetch.torch._replica import replica
-from prefetch.torch._worker import _local, worker_info
+from prefetch._replica import replica
+from prefetch.torch._worker import DATASETS, _local, worker_info
 
 NOTHING = object()   # a task that made no batch: its worker had ended, or the epoch was cancelled
 _END = object()      # a worker's iterator has ended: its last result of the epoch
@@ -46,7 +46,7 @@ class _Shard:
     def __init__(self, worker_id: int, loader: Any, base_seed: int) -> None:
         n = loader.num_workers
         self.id = worker_id
-        self.dataset = replica(loader.dataset) if n > 0 else loader.dataset
+        self.dataset = replica(loader.dataset, DATASETS) if n > 0 else loader.dataset
         self.info = worker_info(worker_id, n, base_seed, self.dataset)
         self.worker_init_fn = loader.worker_init_fn if n > 0 else None
         self.batch_size = loader.batch_size

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
-from prefetch.torch._replica import replica
+from prefetch._replica import replica
 from prefetch.torch._torch import torch
 
 _local = threading.local()   # .info on the threads of our loaders (None when num_workers=0); .replica
+DATASETS = (torch.utils.data.Dataset,)   # what a worker's copy of the dataset copies inside it
 
 
 def get_worker_info() -> WorkerInfo | None:
@@ -53,7 +54,7 @@ def worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) 
 def thread_replica(dataset: Any, worker_id: int) -> Any:
     """A Loader's per_thread: the thread's copy of a map-style dataset, as a
     worker process holds one (``get_worker_info().dataset`` names it)."""
-    _local.replica = replica(dataset)
+    _local.replica = replica(dataset, DATASETS)
     return _local.replica
 
 

@@ -259,14 +259,15 @@ def test_a_dataset_whose_copy_is_itself_is_left_as_it_is():
 def test_long_containers_are_searched_only_when_they_hold_datasets():
     """A Subset's long index list is kept as it is (not walked, not copied); a
     ConcatDataset of many datasets has each copied."""
-    from prefetch.torch._replica import replica
+    from prefetch._replica import replica
+    from prefetch.torch._worker import DATASETS
 
     indices = list(range(100_000))
-    sub = replica(Subset(Scaled(), indices))
+    sub = replica(Subset(Scaled(), indices), DATASETS)
     assert sub.indices is indices
     parts = [Scaled() for _ in range(300)]
     whole = ConcatDataset(parts)
-    concat = replica(whole)
+    concat = replica(whole, DATASETS)
     assert len(concat.datasets) == 300
     assert not any(a is b for a, b in zip(concat.datasets, parts))
     assert concat.cumulative_sizes is whole.cumulative_sizes
