@@ -91,10 +91,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     - ``timeout`` also applies with ``num_workers=0``; on expiry it raises
       torch's ``RuntimeError('DataLoader timed out after N seconds')`` (from a
       ``TimeoutError`` naming the batch waited for);
-    - ``pin_memory``: when an accelerator is available, a map-style
-      dataset's batches are pinned on the loader's publisher thread (as on
-      torch's pin-memory thread), an IterableDataset's on the consumer's;
-      without one it warns as torch does and does nothing;
+    - ``pin_memory``: when an accelerator is available, the batches are
+      pinned on the loader's publisher thread (as on torch's pin-memory
+      thread); without one it warns as torch does and does nothing;
     - ``prefetch_factor``: as in torch, at most ``prefetch_factor *
       num_workers`` batches are loaded ahead of the consumer (with
       ``num_workers=0``, ``prefetch_factor * 1``: torch loads none ahead then); ``in_order=False``: batches come out as they
@@ -372,7 +371,8 @@ class _ThreadIter:
             torch.default_generator.set_state(users)
         self._batches: _Batches | None = None
         if self._iterable:
-            self._source: Any = ShardMap(loader, options, self._ahead, base_seed)
+            self._source: Any = ShardMap(loader, options, self._ahead, base_seed,
+                                         device=PinnedHost() if self._pin else None)
         else:
             auto = loader._auto_collation
             self._batches = _Batches(self._index_sampler, single=not auto)

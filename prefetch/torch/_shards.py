@@ -20,9 +20,9 @@ import functools
 import threading
 from typing import Any
 
-from prefetch import map as prefetch_map
 from prefetch._core import set_sample_index
 from prefetch._replica import replica
+from prefetch.loader import _Mapped
 from prefetch.torch._worker import DATASETS, _local, worker_info
 
 NOTHING = object()   # a task that made no batch: its worker had ended, or the epoch was cancelled
@@ -221,11 +221,12 @@ class ShardMap:
     iterating a Loader again does): with persistent workers, a worker's
     thread, replica and ``worker_init_fn`` state last from epoch to epoch."""
 
-    def __init__(self, loader: Any, options: dict[str, Any], ahead: int, seed: int) -> None:
+    def __init__(self, loader: Any, options: dict[str, Any], ahead: int, seed: int, device: Any = None) -> None:
         threads = options["workers"]
         self.shards = [_Shard(w, loader, seed) for w in range(threads)]
         self.options = dict(options, ordered=False)   # _InTurn puts the batches in order
         self.ordered = options["ordered"]
+        self.device = device   # the batches' delivery (pinning), on the map's publisher thread
         self.ahead = ahead
         self.per_worker = max(ahead // threads, 1)   # torch's prefetch_factor
         self.seed = seed     # torch's base seed: prefetch.sample_rng()'s, as in a map-style dataset
@@ -237,7 +238,9 @@ class ShardMap:
         self.cancel()   # the epoch before: its waiting tasks return
         self.now = _ShardEpoch(self.shards, self.per_worker, self.epoch, self._closing)
         if self.map is None:
-            self.map = prefetch_map(_unused, _Tasks(self), **self.options)
+            o = self.options
+            self.map = _Mapped(_unused, _Tasks(self), o["workers"], False, o["depth"], o["timeout"], o["name"],
+                               None, device=self.device)
             self.map._stage.per_thread = self._load_for
             self.map._stage.set_lookahead(self.ahead)
         self.map.adopt_seed(self.seed, self.epoch)

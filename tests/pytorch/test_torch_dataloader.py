@@ -459,16 +459,28 @@ class _Pair(Dataset):
         return np.full((2,), i, np.float32), {"label": i}
 
 
-def test_pin_memory_pins_each_tensor_once_off_the_consumer_s_thread(monkeypatch):
-    """With an accelerator, a map-style dataset's batches are pinned on the
-    loader's publisher thread (torch pins on a thread of its own), every
-    tensor of every batch, once; the consumer gets them pinned."""
+class _PairStream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        from prefetch.torch import get_worker_info
+        info = get_worker_info()
+        w, n = (0, 1) if info is None else (info.id, info.num_workers)
+        return (_Pair()[i] for i in range(w, 6, n))
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_pin_memory_pins_each_tensor_once_off_the_consumer_s_thread(monkeypatch, iterable):
+    """With an accelerator, the batches (a map-style dataset's, an
+    IterableDataset's) are pinned on the loader's publisher thread (torch
+    pins on a thread of its own), every tensor of every batch, once; the
+    consumer gets them pinned."""
     fake = _FakePinning(monkeypatch)
-    with DataLoader(_Pair(), batch_size=4, pin_memory=True, num_workers=2) as loader:
+    data = _PairStream() if iterable else _Pair()
+    with DataLoader(data, batch_size=2 if iterable else 4, pin_memory=True, num_workers=2) as loader:
         batches = list(loader)
     consumer = threading.current_thread().name
     leaves = [t for x, y in batches for t in (x, y["label"])]
-    assert [b[0][:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5]]
+    want = [[0, 2], [1, 3], [4], [5]] if iterable else [[0, 1, 2, 3], [4, 5]]
+    assert [b[0][:, 0].tolist() for b in batches] == want
     assert all(getattr(t, "pinned_on", None) for t in leaves)
     assert len(fake.threads) == len(leaves) and consumer not in fake.threads
 
