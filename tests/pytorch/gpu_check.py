@@ -152,6 +152,16 @@ def dropin_pins_batches():
     for x, y in batches:
         assert torch.equal(x.to(DEV, non_blocking=True).cpu()[:, 0, 0], y.float())
 
+    class Stream(torch.utils.data.IterableDataset):   # an IterableDataset's batches too
+        def __iter__(self):
+            info = prefetch.torch.get_worker_info()
+            return (Pairs()[i] for i in range(info.id, 10, info.num_workers))
+
+    with DataLoader(Stream(), batch_size=4, num_workers=2, pin_memory=True) as loader:
+        batches = list(loader)
+    assert sorted(v for b in batches for v in b[1].tolist()) == list(range(10))
+    assert all(t.is_pinned() for x, y in batches for t in (x, y)), "an IterableDataset batch is not pinned"
+
 
 def main():
     print(f"torch {torch.__version__}, prefetch {prefetch.__version__}, "
