@@ -150,6 +150,45 @@ class SharedDataset:
         return i
 
 
+class LazyRecords:
+    """A dataset that opens its file on first use in ``__getitem__`` (the
+    idiom for handles that do not pickle), then seeks and reads. Record i is
+    ``RECORD`` bytes of value i % 256 (``write`` makes such a file). A sample
+    is (the record is right, the handle was opened by the thread reading it),
+    as ints. ``meet``: a Barrier the first four keys wait at in pairs, so two
+    threads have read through the handle the dataset holds. Subclassed with a
+    framework's dataset class (the drop-ins copy those per worker)."""
+
+    RECORD = 1024
+
+    def __init__(self, path, n, meet=None):
+        self.path, self.n, self.meet = path, n, meet
+        self.f = None
+        self.owner = None
+
+    @classmethod
+    def write(cls, path, n):
+        path.write_bytes(b"".join(bytes([i % 256]) * cls.RECORD for i in range(n)))
+        return str(path)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.meet is not None and i < 4:
+            self.meet.wait()
+        if self.f is None:
+            self.f = open(self.path, "rb")
+            self.owner = threading.get_ident()
+        self.f.seek(i * self.RECORD)
+        right = self.f.read(self.RECORD) == bytes([i % 256]) * self.RECORD
+        return int(right), int(self.owner == threading.get_ident())
+
+    def __del__(self):   # a worker's copy goes with its worker
+        if self.f is not None:
+            self.f.close()
+
+
 def never_started_core(source):
     """A compiled core over ``source`` whose publisher thread is never started
     (what a consumer meets when that thread is gone), built by keyword as

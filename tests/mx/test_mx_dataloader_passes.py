@@ -17,6 +17,7 @@ with warnings.catch_warnings():
 from mxnet import gluon  # noqa: E402
 
 from prefetch.mx import DataLoader  # noqa: E402
+from support import LazyRecords  # noqa: E402
 
 GluonLoader = gluon.data.DataLoader
 DATA = gluon.data.SimpleDataset(list(range(6)))
@@ -192,47 +193,18 @@ def test_each_thread_reads_through_a_reader_of_its_own(tmp_path):
 
 # -- a dataset that opens its file on first use: each thread's own, as each worker process's --
 
-RECORD = 1024
-
-
-class LazyFile(gluon.data.Dataset):
-    """Opens its file in the first __getitem__, then seeks and reads: a sample
-    is (the record is right, the handle was opened by the thread reading it).
-    ``meet``: the first four keys wait for each other in pairs, so two threads
-    have read through the handle the dataset holds."""
-
-    def __init__(self, path, n, meet=None):
-        self.path, self.n, self.meet = path, n, meet
-        self.f = None
-        self.owner = None
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.meet is not None and i < 4:
-            self.meet.wait()
-        if self.f is None:
-            self.f = open(self.path, "rb")
-            self.owner = threading.get_ident()
-        self.f.seek(i * RECORD)
-        right = self.f.read(RECORD) == bytes([i % 256]) * RECORD
-        return int(right), int(self.owner == threading.get_ident())
-
-    def __del__(self):
-        if self.f is not None:
-            self.f.close()
+class LazyFile(LazyRecords, gluon.data.Dataset):
+    pass
 
 
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_a_file_opened_on_first_use_is_each_thread_s_own_as_in_gluon_s_processes(tmp_path, wrapped):
     """Gluon's worker processes each hold a copy of the dataset; the drop-in's
     threads each hold a shallow one (and of each Gluon dataset inside it)."""
-    path = tmp_path / "records.bin"
-    path.write_bytes(b"".join(bytes([i % 256]) * RECORD for i in range(48)))
+    path = LazyRecords.write(tmp_path / "records.bin", 48)
 
     def make(meet=None):
-        lazy = LazyFile(str(path), 48, meet)
+        lazy = LazyFile(path, 48, meet)
         return gluon.data.ArrayDataset(lazy, np.arange(48)) if wrapped else lazy
 
     def checks(loader):
@@ -251,9 +223,8 @@ def test_a_file_opened_on_first_use_is_each_thread_s_own_as_in_gluon_s_processes
 
 def test_num_workers_0_loads_from_the_dataset_itself_as_gluon(tmp_path):
     """Gluon's num_workers=0 loads in the main process from the dataset itself."""
-    path = tmp_path / "records.bin"
-    path.write_bytes(b"".join(bytes([i % 256]) * RECORD for i in range(8)))
-    theirs, ours = LazyFile(str(path), 8), LazyFile(str(path), 8)
+    path = LazyRecords.write(tmp_path / "records.bin", 8)
+    theirs, ours = LazyFile(path, 8), LazyFile(path, 8)
     list(GluonLoader(theirs, 4, batchify_fn=list))
     with DataLoader(ours, 4, batchify_fn=list) as loader:
         list(loader)

@@ -18,8 +18,7 @@ from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 
 import prefetch.torch  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
-
-RECORD = 4096
+from support import LazyRecords  # noqa: E402
 
 
 def _shut(loader):
@@ -35,48 +34,19 @@ def _worker_id():
     return info.id
 
 
-class LazyFile(Dataset):
-    """The torch idiom for files that do not pickle: open on first use in
-    ``__getitem__``, then seek and read. Record i is RECORD bytes of value
-    i % 256. A sample is (record right, the handle opened by the worker
-    reading it). ``meet``: keys that wait for one another in pairs (two
-    workers inside at once), so a shared handle is certain to be met by both."""
-
-    def __init__(self, path, n, meet=None):
-        self.path, self.n, self.meet = path, n, meet
-        self.f = None
-        self.owner = None
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.meet is not None and i in (0, 1, 2, 3):
-            self.meet.wait()
-        if self.f is None:
-            self.f = open(self.path, "rb")
-            self.owner = _worker_id()
-        self.f.seek(i * RECORD)
-        data = self.f.read(RECORD)
-        right = data == bytes([i % 256]) * RECORD
-        return torch.tensor([int(right), int(self.owner == _worker_id())])
-
-    def __del__(self):   # a worker's copy goes with its worker
-        if self.f is not None:
-            self.f.close()
+class LazyFile(LazyRecords, Dataset):
+    pass
 
 
 @pytest.fixture
 def records(tmp_path):
-    path = tmp_path / "records.bin"
-    path.write_bytes(b"".join(bytes([i % 256]) * RECORD for i in range(64)))
-    return str(path)
+    return LazyRecords.write(tmp_path / "records.bin", 64)
 
 
 def _checks(loader):
     """(every record right, every sample read through its own worker's handle)."""
-    rows = torch.cat(list(loader))
-    return bool(rows[:, 0].all()), bool(rows[:, 1].all())
+    batches = list(loader)
+    return (all(bool(right.all()) for right, _ in batches), all(bool(own.all()) for _, own in batches))
 
 
 def test_a_file_opened_lazily_in_getitem_is_each_workers_own_as_in_torch(records):
