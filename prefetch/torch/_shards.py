@@ -224,7 +224,7 @@ class ShardMap:
     def __init__(self, loader: Any, options: dict[str, Any], ahead: int, seed: int, device: Any = None) -> None:
         threads = options["workers"]
         self.shards = [_Shard(w, loader, seed) for w in range(threads)]
-        self.options = dict(options, ordered=False)   # _InTurn puts the batches in order
+        self.options = options
         self.ordered = options["ordered"]
         self.device = device   # the batches' delivery (pinning), on the map's publisher thread
         self.ahead = ahead
@@ -238,7 +238,7 @@ class ShardMap:
         self.cancel()   # the epoch before: its waiting tasks return
         self.now = _ShardEpoch(self.shards, self.per_worker, self.epoch, self._closing)
         if self.map is None:
-            o = self.options
+            o = self.options   # unordered: _InTurn puts the batches in torch's order
             self.map = _Mapped(_unused, _Tasks(self), o["workers"], False, o["depth"], o["timeout"], o["name"],
                                None, device=self.device)
             self.map._stage.per_thread = self._load_for
