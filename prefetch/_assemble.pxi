@@ -113,7 +113,8 @@ cdef class _Assembly:
             else:
                 result = self.collate(sample)
                 self._own(result, b)
-            return False
+            layout_bytes[0] = b.parts.nbytes   # the batch's real size replaces its estimate
+            return True
         if self.mode == M_CUSTOM:
             b.samples[row] = sample
             return False

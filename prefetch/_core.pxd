@@ -158,6 +158,7 @@ cdef class _Publisher:
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef unsigned _epoch           # pf_fork_epoch() at creation
     cdef list _slots               # depth entries: batch, _Failure or _END
+    cdef list _warnings            # (message, category) raised on the publisher thread for the consumer
     cdef object _thread            # the publisher threading.Thread
     cdef tuple _on_thread          # adapters' thread-state applies, run first on the publisher thread
     cdef object _publisher_ident   # its threading.get_ident(), once it runs
@@ -174,6 +175,7 @@ cdef class _Publisher:
     cdef uint64_t _peak_fill
 
     cdef int _apply_thread_states(self) except -1
+    cdef tuple _next_batch(self, _Stage stage, _Parts parts)
     cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1
     cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
 
@@ -185,12 +187,14 @@ cdef class _Core(_Publisher):
     cdef object _close_lock        # RLock: one close() tears down, the others wait for it
     cdef bint _torn_down           # close() finished: the thread joined (or warned about)
     cdef bint _ended               # the consumer saw the end (or the error)
+    cdef bint _replaced            # closed because its owner started a newer epoch
     cdef uint64_t _failed          # batch errors the consumer took, the stream going on after them
     cdef int64_t _consumer_wait_ns
 
     cpdef object take(self, object timeout=*)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
     cdef _check_usable(self)
+    cdef object _closed_while_waiting(self)
     cdef _tear_down(self, double grace, at)
 
 

@@ -83,13 +83,23 @@ cdef enum Doing:
     DOING_ROOM
     DOING_STAGE
     DOING_DELIVER
+    DOING_REBUILD
     DOING_DONE
 
+# What the publisher is doing: for a TimeoutError ("it is ...") and for the
+# note of an error raised there ("while ... batch N").
 _DOING = {
     DOING_START: "starting",
     DOING_ROOM: "waiting for room in the ring",
     DOING_DELIVER: "delivering to the device",
+    DOING_REBUILD: "rebuilding a batch",
     DOING_DONE: "finished",
+}
+# The note of an error raised while the publisher works on batch {0}.
+_FAILED_WHILE = {
+    DOING_STAGE: "assembling batch {0}",
+    DOING_DELIVER: "delivering batch {0} to the device",
+    DOING_REBUILD: "rebuilding batch {0} (a registered container's unflatten)",
 }
 
 cdef object _END = object()        # the slot after the last batch
@@ -142,6 +152,7 @@ cdef class _Publisher:
         self.depth = depth
         self._max_bytes = max_bytes
         self._slots = [None] * depth
+        self._warnings = []
         self._doing = DOING_START
         self._ring = pf_ring_new(depth, max_bytes, -1, &rc)
         _check_rc(rc, "the ring")
@@ -171,45 +182,40 @@ cdef class _Publisher:
         cdef _Stage stage = self._stage
         cdef _Parts parts = self._parts
         self._publisher_ident = threading.get_ident()
+        _warn.relay_into(self._warnings)   # a source's warnings for the consumer (_warn.py)
         try:
             while True:
                 self._doing = DOING_ROOM
                 if not self._wait_room(0, &slot):
                     return
-                self._doing = DOING_STAGE
-                if self._on_thread:
-                    got = self._apply_thread_states()
-                else:
-                    got = stage.produce(parts)
+                try:
+                    got, batch = self._next_batch(stage, parts)
+                except BaseException as exc:
+                    # Code run here for this batch (a stage's conversion, a
+                    # delivery, a container's unflatten: adapters' hooks) raised:
+                    # its error takes the batch's place and the stream ends, as
+                    # a source's error does. The publisher never dies silently.
+                    if self._epoch != pf_fork_epoch():
+                        raise   # a forked child on this thread's stack: its own exit
+                    parts.clear()
+                    if not self.closed:
+                        self._publish(slot, _Failure(_noted(exc, (
+                            f"raised in {self.kind} {self.name!r} while "
+                            f"{_FAILED_WHILE[self._doing].format(self._produced + 1)} (counted "
+                            f"from 1: the {self._produced} before it are delivered first)"))), 0, False)
+                    return
                 if got == P_STOPPED:
                     return
                 if got == P_END:
                     self._publish(slot, _END, 0, False)
                     return
-                if got == P_FAILED:
+                if got == P_FAILED or got == P_BATCH_FAILED:
                     failure, stage.failure = stage.failure, None
-                    self._publish(slot, _Failure(failure), 0, False)
-                    return
-                if got == P_BATCH_FAILED:
-                    failure, stage.failure = stage.failure, None
-                    self._publish(slot, _Failure(failure, False), 0, False)
+                    self._publish(slot, _Failure(failure, got == P_FAILED), 0, False)
                     failure = None
-                    continue
-                if self._delivery is not None:
-                    self._doing = DOING_DELIVER
-                    try:
-                        for i in parts.deliver:
-                            parts.leaves[i] = self._delivery.deliver(parts.leaves[i])
-                        self._delivery.ready()
-                    except BaseException as exc:
-                        parts.clear()
-                        if not self.closed:
-                            self._publish(slot, _Failure(_noted(exc, (
-                                f"raised in {self.kind} {self.name!r} while delivering batch "
-                                f"{self._produced + 1} to the device (counted from 1: the "
-                                f"{self._produced} before it are delivered first)"))), 0, False)
+                    if got == P_FAILED:
                         return
-                batch = _unflatten(parts.nodes, parts.leaves)
+                    continue
                 nbytes = parts.nbytes
                 parts.clear()
                 if self._max_bytes and not self._wait_room(nbytes, &slot):
@@ -218,7 +224,27 @@ cdef class _Publisher:
                 batch = None
         finally:
             self._doing = DOING_DONE
+            _warn.relay_into(None)
             stage.finish()
+
+    cdef tuple _next_batch(self, _Stage stage, _Parts parts):
+        """(code, batch): the stage's next batch, delivered to the device and
+        rebuilt (None unless the code is P_BATCH). Any exception is that batch's."""
+        cdef int got
+        self._doing = DOING_STAGE
+        if self._on_thread:
+            got = self._apply_thread_states()
+        else:
+            got = stage.produce(parts)
+        if got != P_BATCH:
+            return got, None
+        if self._delivery is not None:
+            self._doing = DOING_DELIVER
+            for i in parts.deliver:
+                parts.leaves[i] = self._delivery.deliver(parts.leaves[i])
+            self._delivery.ready()
+        self._doing = DOING_REBUILD
+        return P_BATCH, _unflatten(parts.nodes, parts.leaves)
 
     cdef int _apply_thread_states(self) except -1:
         """The creator's framework modes on this thread, then the first batch;
@@ -284,6 +310,8 @@ cdef class _Core(_Publisher):
                 f"{self.kind} {self.name!r} was inherited through os.fork(); its threads "
                 f"exist only in the parent process. Create a new {self.kind} in the child.")
         if self.closed:
+            if self._replaced:
+                raise StopIteration   # its epoch ended when a newer one started
             raise ClosedError(f"{self.kind} {self.name!r} is closed")
 
     cpdef object take(self, object timeout=None):
@@ -293,6 +321,8 @@ cdef class _Core(_Publisher):
         self._check_usable()
         if self._ended:
             raise StopIteration
+        if self._warnings:
+            _warn.deliver(self._warnings)   # at the user's line; nothing is taken yet
         self._stage.before_take()
         # Only while no other consumer waits in pf_ring_acquire without the
         # GIL: one thread per side holds a slot (pf_ring.h).
@@ -314,6 +344,13 @@ cdef class _Core(_Publisher):
         self._consumed += 1
         self._stage.taken(nbytes)
         return item
+
+    cdef object _closed_while_waiting(self):
+        """What a consumer waiting on this core meets once it is closed: the end
+        of its epoch where a newer epoch replaced it, else ClosedError."""
+        if self._replaced:
+            return StopIteration()
+        return ClosedError(f"{self.kind} {self.name!r} was closed while waiting")
 
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF:
         cdef uint64_t slot = 0
@@ -349,7 +386,7 @@ cdef class _Core(_Publisher):
                 # Another consumer took the end; the next epoch may have closed this core since.
                 raise StopIteration
             if self.closed:
-                raise ClosedError(f"{self.kind} {self.name!r} was closed while waiting")
+                raise self._closed_while_waiting()
             if timeout is not None and pf_now_ns() >= deadline:
                 raise TimeoutError(f"no batch from {self.kind} {self.name!r} within {timeout} s; "
                                    "another thread was waiting for one")
@@ -366,14 +403,14 @@ cdef class _Core(_Publisher):
                 if rc == PF_ECLOSED or self.closed:
                     # closed: close() may have emptied the slot we were handed
                     # while we waited for the GIL; it goes with the ring.
-                    raise ClosedError(f"{self.kind} {self.name!r} was closed while waiting")
+                    raise self._closed_while_waiting()
                 if rc == PF_OK:
                     # A signal that came while this thread waited (Ctrl-C) is
                     # raised here, before the batch is taken (it stays for the
                     # next take), not in the caller's frame once it holds it.
                     PyErr_CheckSignals()
                     if self.closed:   # by that signal's handler
-                        raise ClosedError(f"{self.kind} {self.name!r} was closed while waiting")
+                        raise self._closed_while_waiting()
                     return slot
                 if self._ended:
                     raise StopIteration   # another consumer thread took the end
@@ -381,7 +418,7 @@ cdef class _Core(_Publisher):
                     _check_ring(rc, "waiting for a batch")
                 PyErr_CheckSignals()   # raises KeyboardInterrupt; nothing was taken
                 if self.closed:   # by a signal handler just now, or by another thread
-                    raise ClosedError(f"{self.kind} {self.name!r} was closed while waiting")
+                    raise self._closed_while_waiting()
                 if timeout is not None and pf_now_ns() >= deadline:
                     raise TimeoutError(
                         f"no batch from {self.kind} {self.name!r} within {timeout} s; it is "
@@ -391,7 +428,7 @@ cdef class _Core(_Publisher):
                     # a batch published just before its exit is not missed.
                     rc = pf_ring_acquire(self._ring, 0, &slot)
                     if self.closed:   # meanwhile: is_alive() may switch threads
-                        raise ClosedError(f"{self.kind} {self.name!r} was closed while waiting")
+                        raise self._closed_while_waiting()
                     if rc == PF_OK:
                         return slot
                     raise RuntimeError(f"the publisher thread of {self.kind} {self.name!r} is not running "
@@ -402,6 +439,13 @@ cdef class _Core(_Publisher):
             self._consumer_wait_ns += pf_now_ns() - t0
 
     # -- lifecycle ----------------------------------------------------------
+
+    def end_replaced(self):
+        """The owner started a newer epoch: this one closes, and its consumers
+        meet the end of their epoch (StopIteration), not ClosedError: the
+        owner is open."""
+        self._replaced = True
+        self.close()
 
     def close(self, double grace=CLOSE_GRACE_S, at=None):
         """Stop the publisher and its stage, drop unconsumed batches.

@@ -98,7 +98,7 @@ cdef class _EpochBatches:
         if st.mode == M_CUSTOM:
             b.samples = [None] * b.n
         # Counted as big as the largest batch so far until its layout is known.
-        b.held = st.asm.max_batch_bytes
+        b.held = st.ahead.estimate
         st.ahead.held_bytes += b.held
         self.pending[k] = b
         self.next_k = k + 1

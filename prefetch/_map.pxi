@@ -103,6 +103,8 @@ cdef class _Ahead:
     Under the stage's condition."""
     cdef uint64_t max_bytes        # 0: no cap
     cdef uint64_t held_bytes
+    cdef bint sized                # a batch's real size is known (before: no estimate)
+    cdef uint64_t estimate         # the largest batch's real bytes so far: a new batch's count
     cdef Py_ssize_t lookahead      # 0: no cap
     cdef Py_ssize_t n_consumed     # batches of the epoch the consumer has taken
 
@@ -116,11 +118,23 @@ cdef class _Ahead:
     cdef bint bounded(self):
         return self.max_bytes != 0 or self.lookahead != 0
 
-    cdef bint has_room(self, Py_ssize_t next_k, size_t batch_bytes):
-        """Batch ``next_k`` (of about ``batch_bytes``) may open."""
-        return ((self.lookahead == 0 or next_k - self.n_consumed < self.lookahead)
-                and (self.max_bytes == 0 or self.held_bytes == 0
-                     or self.held_bytes + batch_bytes <= self.max_bytes))
+    cdef bint has_room(self, Py_ssize_t next_k, size_t batch_bytes, Py_ssize_t open_now):
+        """Batch ``next_k`` (of about ``batch_bytes``) may open, ``open_now``
+        batches being open. Until one batch's size is known there is no
+        estimate: one batch opens at a time."""
+        if self.lookahead != 0 and next_k - self.n_consumed >= self.lookahead:
+            return False
+        if self.max_bytes == 0 or self.held_bytes == 0 and open_now == 0:
+            return True
+        if not self.sized:
+            return False
+        return self.held_bytes + batch_bytes <= self.max_bytes
+
+    cdef void sized_one(self, uint64_t nbytes):
+        """A batch's real size is known (its layout, or its copy)."""
+        self.sized = True
+        if nbytes > self.estimate:
+            self.estimate = nbytes
 
     cdef void release(self, uint64_t nbytes):
         self.held_bytes -= min(nbytes, self.held_bytes)
@@ -369,12 +383,13 @@ cdef class _MapStage:
         it has none left to open, the next one, beside it within the window
         and the bounds; None."""
         cdef _EpochBatches e = self.now, a = self.after
-        cdef size_t nbytes = self.asm.max_batch_bytes
+        cdef size_t nbytes = self.ahead.estimate
         if e.may_open():
-            if e.open_count() < self.window and self.ahead.has_room(e.next_k, nbytes):
+            if e.open_count() < self.window and self.ahead.has_room(e.next_k, nbytes, e.open_count()):
                 return e
         elif (e.exhausted and a is not None and a.may_open()
-                and e.open_count() + a.next_k < self.window and self.ahead.has_room(e.next_k + a.next_k, nbytes)):
+                and e.open_count() + a.next_k < self.window
+                and self.ahead.has_room(e.next_k + a.next_k, nbytes, e.open_count() + a.open_count())):
             return a
         return None
 
@@ -401,6 +416,8 @@ cdef class _MapStage:
                 self.ahead.release(b.held)
                 self.ahead.held_bytes += nbytes
             b.held = nbytes
+            self.ahead.sized_one(nbytes)
+            self._cv.notify_all()   # an estimate now exists: more batches may open
 
     cdef _row_failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what):
         cdef _EpochBatches e = self.epoch_of(b)
@@ -417,6 +434,8 @@ cdef class _MapStage:
         e = self.epoch_of(b)
         if e is not None:
             self.asm.finish(b)
+            if b.parts is not None and self.mode == M_CUSTOM:
+                self._laid_out(b, b.parts.nbytes)   # the collate result's real size
             if b.failure is not None and not self.go_on:
                 e.stop_after(b)
         b.complete = True
@@ -521,7 +540,7 @@ cdef class _MapEpoch(_Stage):
     cdef int before_take(self) except -1:
         note = self.stage.gauge.take_notice()
         if note is not None:
-            _warn.warn(note, GILBoundWarning)   # at the user's line; nothing is taken yet
+            _warn.warn_consumer(note, GILBoundWarning)   # at the user's line; nothing is taken yet
         return 0
 
     cdef bint on_own_thread(self):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -53,3 +54,31 @@ def warn(message: str, category: type[Warning], at: Optional[Location] = None) -
         warnings.warn_explicit(message, category, at[0], at[1], module=module, registry=registry)
         return
     warnings.warn_explicit(message, category, at[0], at[1])
+
+
+# A prefetch thread that consumes another prefetcher (a Prefetcher over a
+# Loader: its publisher calls the loader's next()) relays that one's warnings
+# to its own consumer instead of warning on itself: there the warning would
+# point at threading.py, and with warnings as errors it would end the epoch.
+_relay = threading.local()
+
+
+def relay_into(pending: Optional[list[tuple[str, type[Warning]]]]) -> None:
+    """On a prefetch thread: the warnings for its consumer go to ``pending`` (None: warn here)."""
+    _relay.pending = pending
+
+
+def warn_consumer(message: str, category: type[Warning]) -> None:
+    """Warn the consumer at its line: here, or, on a prefetch thread, at its own consumer's."""
+    pending = getattr(_relay, "pending", None)
+    if pending is not None:
+        pending.append((message, category))
+    else:
+        warn(message, category)
+
+
+def deliver(pending: list[tuple[str, type[Warning]]]) -> None:
+    """The warnings relayed to this consumer, each once (popped before it is raised as an error)."""
+    while pending:
+        message, category = pending.pop(0)
+        warn_consumer(message, category)

@@ -178,7 +178,7 @@ class _Threaded(_Lifecycle):
                     f"exist only in the parent process. Create a new {self._kind} in the child.")
             old = self._core
             if old is not None:
-                old.close()
+                old.end_replaced()   # a next() on its iterator meets the end of its epoch
             epoch, resume = self._epoch, self._resume
             record = self._begin(epoch, resume)
             batches, n_keys, rows = self._keys(epoch)

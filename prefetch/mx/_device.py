@@ -11,7 +11,7 @@ import numpy as np
 
 from prefetch import adapters
 from prefetch.adapters import register_device
-from prefetch.mx import _engine
+from prefetch.mx import _engine, _ndarray
 from prefetch.mx._mxnet import mx
 from prefetch.mx._ndarray import _np_shape_copy, engine_sync
 
@@ -38,8 +38,10 @@ class ContextDelivery:
 
     def __init__(self, device):
         self.ctx = as_context(device)
+        self._last = 0   # the number of its last engine work (_ndarray.pushed)
 
     def deliver(self, leaf):
+        self._last = _ndarray.pushed()
         if type(leaf) is np.ndarray and leaf.dtype in _MX_DTYPES:
             # A fresh pool-backed copy: an NDArray over its block on cpu(0),
             # else one engine copy to the context (DLPack wraps it in C).
@@ -58,8 +60,10 @@ class ContextDelivery:
         pass
 
     def close(self):
-        # The same hook as the NDArray leaves': a prefetcher runs it once.
-        engine_sync()
+        # Once per prefetcher: skipped where the NDArray leaves' close hook
+        # (the same sync, run just before) already covered this delivery's work.
+        if not _ndarray.synced_since(self._last):
+            engine_sync()
 
 
 def device_hint(name):

@@ -30,6 +30,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
 from prefetch._framework import FrameworkLoader
 from prefetch._options import check_num_workers
+from prefetch._types import ClosedError
 from prefetch.torch._device import PinnedHost
 from prefetch.torch._sampler import _Batches
 from prefetch.torch._shards import NOTHING, ShardMap
@@ -140,7 +141,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     __init__.__signature__ = _TORCH_INIT  # type: ignore[attr-defined]  # torch's, for help() and IDEs
 
 
+    _closed = False   # close() ran: no epoch starts again
+
     def _get_iterator(self) -> _ThreadIter:
+        if self._closed:
+            raise ClosedError("this DataLoader is closed")
         if self.num_workers:
             self.check_worker_number_rationality()   # as torch, for each new iterator (the same depth)
         it = _ThreadIter(self)
@@ -234,11 +239,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                       UserWarning, stacklevel=stacklevel)
 
     def close(self) -> None:
-        """Stops the persistent threads, if any (idempotent). An iteration in
-        progress raises ``prefetch.ClosedError``."""
-        it = self._iterator
-        if isinstance(it, _ThreadIter):
-            it.close()
+        """Stops its threads at once, persistent or not (idempotent): an
+        iteration in progress raises ``prefetch.ClosedError`` at its next
+        ``next()``, as does a new one."""
+        self._closed = True
+        last = self._last() if self._last is not None else None
+        for it in (self._iterator, last):   # persistent workers' iterator; the epoch begun last
+            if isinstance(it, _ThreadIter):
+                it.close()
 
     def __enter__(self) -> DataLoader:
         return self
@@ -410,6 +418,8 @@ class _ThreadIter:
         """An epoch begins (torch calls it again for each epoch of persistent
         workers: same threads, same replicas)."""
         self._len_called = loader._IterableDataset_len_called
+        if self._closed:
+            raise ClosedError("this DataLoader is closed")
         if self._epoch is not None and not self._taken and not self._done:
             return   # nothing taken from the epoch begun: it is this one
         self._yielded = self._taken = 0
@@ -450,7 +460,11 @@ class _ThreadIter:
     def __len__(self) -> int:
         return len(self._index_sampler)
 
+    _closed = False   # close() ran: next() raises ClosedError, never a silent end
+
     def __next__(self) -> Any:
+        if self._closed:
+            raise ClosedError("this DataLoader was closed during its epoch")
         if self._done:
             raise StopIteration
         if self._batches is not None:
@@ -465,6 +479,8 @@ class _ThreadIter:
         except TimeoutError as exc:   # the epoch goes on: next() waits again
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
         except StopIteration:
+            if self._closed:   # by another thread while this one waited
+                raise ClosedError("this DataLoader was closed during its epoch") from None
             self._end(close=not self._persistent)
             raise
         except BaseException as exc:
@@ -502,4 +518,5 @@ class _ThreadIter:
             self._source.close()
 
     def close(self) -> None:
+        self._closed = True
         self._end(close=True)

@@ -75,6 +75,58 @@ def test_threads_calling_next_share_one_epoch_each_sample_once(shortcut):
     assert sorted(rows([b for g in got for b in g])) == list(range(n))
 
 
+def test_an_epoch_iterator_replaced_by_a_newer_epoch_ends_not_closed():
+    """§9 (issue 32): iter(loader) again ends the epoch before it; next() on
+    the replaced iterator meets the end of its epoch (StopIteration), not
+    ClosedError: the loader was never closed. Before: ClosedError."""
+    with Loader(data(12), batch_size=3, workers=2) as loader:
+        old = iter(loader)
+        assert rows([next(old)]) == [0, 1, 2]
+        new = iter(loader)
+        with pytest.raises(StopIteration):
+            next(old)
+        assert rows(list(new)) == list(range(12))
+        assert not loader.closed
+
+
+@pytest.mark.timeout(30)
+def test_a_thread_waiting_in_next_while_another_starts_an_epoch_is_not_told_closed():
+    """§9 (issue 32): a thread waiting in next(loader) while another thread
+    starts an epoch gets the end of the epoch it waited on (or a batch of the
+    new one, had it not begun waiting yet), never ClosedError."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            entered.set()
+            if not release.wait(20):
+                raise TimeoutError("the test never released the dataset")
+            return np.full(2, i)
+
+    outcome = []
+    with Loader(Slow(), batch_size=2, workers=1) as loader:
+        def waiter():
+            try:
+                outcome.append(next(loader))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        assert entered.wait(10)
+        new = iter(loader)   # replaces the epoch the waiter waits on
+        release.set()
+        t.join(20)
+        assert not t.is_alive()
+        got = list(new)
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], (StopIteration, np.ndarray)), repr(outcome[0])
+    assert rows(got) == list(range(8))
+
+
 def test_an_epoch_iterator_keeps_its_loader_alive():
     """`for b in Loader(...)` holds only the epoch iterator: the loader must not
     be collected (and closed) under the loop."""
@@ -183,6 +235,40 @@ def test_max_bytes_bounds_collated_batches_held_ahead():
         assert not overrun.wait(1.0), "batches loaded far past max_bytes"
         got = list(it)
     assert [int(b[0, 0]) for b in got] == [(8 * k) % 256 for k in range(8)]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["batch_size=None", "collate=f"])
+def test_max_bytes_bounds_batches_held_ahead_in_every_batching_mode(mode):
+    """§9 (issue 32): max_bytes bounds what is held ahead without the default
+    collate too, counted from the batches' real sizes. Before: a batch was
+    counted at an estimate that only the default collate ever replaced (0
+    for a batch handed over uncopied), so 5 to 8 batches were loaded under
+    a cap of 2.5. A bounded wait for a sample that must not be loaded, as
+    above."""
+    sample = 256 * 1024
+    overrun = threading.Event()
+    per_batch = 1 if mode == "batch_size=None" else 2
+
+    class Big:
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            if i >= 3 * per_batch:   # a fourth batch: the cap holds 2.5 batches ahead
+                overrun.set()
+            return np.full(sample, i % 256, np.uint8)
+
+    if mode == "batch_size=None":
+        loader = Loader(Big(), batch_size=None, workers=2, depth=8, max_bytes=5 * sample // 2)
+    else:
+        loader = Loader(Big(), batch_size=2, workers=2, depth=8, max_bytes=5 * sample,
+                        collate=lambda samples: np.stack(samples))
+    with loader:
+        it = iter(loader)
+        assert not overrun.wait(1.0), "batches loaded far past max_bytes"
+        got = [int(np.asarray(b).reshape(-1)[0]) for b in it]
+    assert got == [(per_batch * k) % 256 for k in range(64 // per_batch)]
 
 
 # -- ordered=False never hands out a batch whose rows were skipped -------------

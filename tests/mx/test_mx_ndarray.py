@@ -156,6 +156,29 @@ def test_device_delivers_on_context(ctx):
     assert [b.asnumpy()[0, 0] for b in got] == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
+@pytest.mark.parametrize("leaves", ["ndarray", "numpy"])
+@pytest.mark.parametrize("front", ["prefetcher", "loader"])
+def test_close_synchronises_the_engine_once(front, leaves, monkeypatch):
+    """§5 (issue 32): close() synchronises the engine once, whether the
+    batches' NDArrays were copied (the leaves' close hook) or numpy leaves
+    were delivered to the context (the delivery's close), or both. Before:
+    twice with NDArray leaves and device=."""
+    from prefetch.mx import _engine
+    waits = []
+    real = _engine.wait_all
+    monkeypatch.setattr(_engine, "wait_all", lambda: (waits.append(1), real())[1])
+    full = mx.nd.full if leaves == "ndarray" else np.full
+    source = [full((4, 3), k, dtype="float32") for k in range(4)]
+    if front == "prefetcher":
+        p = prefetch.Prefetcher(iter(source), depth=2, device=mx.cpu(1))
+    else:
+        p = prefetch.Loader(source, batch_size=None, workers=2, device=mx.cpu(1))
+    with p:
+        got = list(p)
+    assert [float(b.asnumpy()[0, 0]) for b in got] == [0.0, 1.0, 2.0, 3.0]
+    assert len(waits) == 1
+
+
 @pytest.mark.parametrize("ctx", [mx.cpu(1), mx.cpu_pinned(0)], ids=str)
 def test_prefetching_iter_device(ctx):
     """§6 device=: PrefetchingIter batches' data and labels are on the context."""

@@ -564,3 +564,33 @@ def test_batches_after_an_error_are_torchs():
             except StopIteration:
                 break
     assert ours == theirs == [[0, 1, 2], [3, 4, 5], "error", [9]]
+
+
+# -- close() during an epoch (issue 32) -------------------------------------------
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("iterable", [False, True])
+def test_close_during_an_epoch_stops_it_and_next_raises_closed(persistent, iterable):
+    """§9 Drop-ins: close() stops a running epoch, persistent workers or not,
+    and its next() then raises ClosedError, never a silent end. Before: with
+    persistent workers the loop ended (StopIteration, as if the epoch were
+    complete); without them close() did nothing to the running epoch."""
+    from prefetch import ClosedError
+
+    class Counted(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            return iter(range(info.id, 40, info.num_workers))
+
+    ds = Counted() if iterable else TensorDataset(torch.arange(40))
+    loader = DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=persistent)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(ClosedError):
+        next(it)
+    with pytest.raises(ClosedError):
+        next(it)   # and stays so
+    with pytest.raises(ClosedError):
+        iter(loader)   # a closed DataLoader starts no epoch
