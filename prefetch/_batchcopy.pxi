@@ -9,18 +9,6 @@
 
 @cython.final
 cdef class _BatchCopy:
-    cdef CopyPlan plan             # reused per batch
-    cdef pf_copier _copier
-    cdef bint _copier_ok           # the copier's helper threads run (fini once)
-    cdef readonly int workers      # threads that copy: this one and workers - 1 helpers
-    cdef bint _handover            # copy="auto": hand over what the _SoleProof proves sole
-    cdef size_t _keep_batches      # batches ahead the pool keeps blocks for; 0: its owner's policy
-    cdef uint64_t _max_batch_bytes
-    cdef uint64_t bytes_copied
-    cdef uint64_t bytes_handed
-    cdef uint64_t leaves_copied
-    cdef uint64_t leaves_handed
-    cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
 
     def __cinit__(self, _Pool pool, int workers, bint handover, delivery, size_t keep_batches):
         self.plan = CopyPlan.__new__(CopyPlan)

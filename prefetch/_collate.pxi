@@ -25,17 +25,7 @@ cdef enum ColKind:
 
 @cython.final
 cdef class _Column:
-    cdef int kind
-    cdef object out            # the batch's leaf being filled: an ndarray or a list
-    cdef object dtype          # a sample leaf's dtype (array and number columns)
-    cdef cnp.PyArray_Descr *descr   # borrowed from dtype: the fast check
-    cdef tuple shape           # a sample leaf's shape (array columns)
-    cdef type leaf_type        # the first sample's leaf type (ndarray for any ndarray subclass);
-                               # every sample's must be the same
-    cdef object as_numpy       # a framework leaf's host numpy view, or None
-    cdef object from_numpy     # the batch block as the framework's array, or None
-    cdef char *data            # C_ARRAY: the block
-    cdef size_t row_nbytes
+    """One leaf position of a batch: its block (or list) and what every sample's leaf must be."""
 
     cdef object result(self):
         return self.out if self.from_numpy is None else self.from_numpy(self.out)

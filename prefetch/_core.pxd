@@ -1,6 +1,8 @@
 # Declarations for the compiled core: the C in csrc/ (no Python there) and the
 # layouts of the cdef classes of _core.pyx and the .pxi files it includes.
 # Every extern is nogil so it can be called inside `with nogil`.
+cimport cython
+cimport numpy as cnp
 from libc.stdint cimport int64_t, uint64_t
 
 
@@ -144,6 +146,371 @@ cdef class _Stage:
     cdef void taken(self, uint64_t nbytes)
     cdef int before_take(self) except -1
     cdef bint on_own_thread(self)
+
+
+# -- the stages' parts (_errors, _collate, _batchcopy, _fetch, _assemble,
+# _gauge, _epoch_batches, _tune, _threads, _map .pxi): every layout here, the
+# behaviour in the .pxi files.
+
+cdef enum:
+    RECENT = 3   # windows at the current count a trial is measured against (_tune.pxi)
+
+cdef enum MapMode:  # a map stage's batching mode: which assembly it has (_assemble.pxi)
+    M_STACK         # the default collate: rows of pooled blocks
+    M_CUSTOM        # collate=f: f(samples) on the thread that finished the batch
+    M_SINGLE        # no batching (batch_size=None, prefetch.map): the sample is the batch
+
+
+cdef class _Failure:
+    # An error in its batch's slot (_errors.pxi).
+    cdef readonly object exc
+    cdef readonly bint ends
+
+
+@cython.final
+cdef class _Column:
+    cdef int kind
+    cdef object out            # the batch's leaf being filled: an ndarray or a list
+    cdef object dtype          # a sample leaf's dtype (array and number columns)
+    cdef cnp.PyArray_Descr *descr   # borrowed from dtype: the fast check
+    cdef tuple shape           # a sample leaf's shape (array columns)
+    cdef type leaf_type        # the first sample's leaf type (ndarray for any ndarray subclass);
+                               # every sample's must be the same
+    cdef object as_numpy       # a framework leaf's host numpy view, or None
+    cdef object from_numpy     # the batch block as the framework's array, or None
+    cdef char *data            # C_ARRAY: the block
+    cdef size_t row_nbytes
+
+    cdef object result(self)
+
+
+@cython.final
+cdef class _BatchCopy:
+    cdef CopyPlan plan             # reused per batch
+    cdef pf_copier _copier
+    cdef bint _copier_ok           # the copier's helper threads run (fini once)
+    cdef readonly int workers      # threads that copy: this one and workers - 1 helpers
+    cdef bint _handover            # copy="auto": hand over what the _SoleProof proves sole
+    cdef size_t _keep_batches      # batches ahead the pool keeps blocks for; 0: its owner's policy
+    cdef uint64_t _max_batch_bytes
+    cdef uint64_t bytes_copied
+    cdef uint64_t bytes_handed
+    cdef uint64_t leaves_copied
+    cdef uint64_t leaves_handed
+    cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
+
+    cdef void detach(self)
+    cdef void copy(self, object item, _Parts parts) except *
+    cdef void new_epoch(self)
+
+
+@cython.final
+cdef class _FetchStage(_Stage):
+    cdef object source             # the iterator; None once the publisher thread ended
+    cdef _BatchCopy batch_copy
+    cdef object name
+    cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
+    cdef bint _stopped             # stop() ran
+    cdef int _doing
+    cdef uint64_t _fetched         # batches fetched, for the error note
+
+
+@cython.final
+cdef class _Gauge:
+    cdef object name               # the stage's, for the notice
+    cdef object what               # what the threads call: "dataset[i]", "the mapped function"
+    cdef public object remedy      # the notice's advice on processes (a drop-in may name its framework's)
+    cdef int64_t t0                # the window's start; 0: the next batch starts one
+    cdef int64_t busy0             # the threads' time inside load() at the window's start
+    cdef double cpu0               # their CPU time then
+    cdef int threads               # threads claiming work in the window
+    # over every window (seconds, and seconds times a figure)
+    cdef double wall_s, busy_s, par_s, wait_s
+    # over the serialized windows (the notice's figures)
+    cdef double ser_wall_s, ser_busy_s, ser_par_s
+    cdef int probes, probes_ser    # probes of the GIL made, and those that found the threads waiting
+    cdef bint last_probe           # the last probe's verdict
+    cdef int skip                  # judged windows until the next probe
+    cdef bint last_serialized      # the last window's verdict, and its thread count
+    cdef int last_threads
+    cdef double last_busy, last_par
+    cdef public bint noticed       # the notice was made (it is given once; a drop-in whose loader
+                                   # makes a stage per epoch carries it over)
+    cdef object notice             # a GILBoundWarning for the consumer to raise, or None
+
+    cdef void restart(self, bint mapped)
+    cdef bint due(self, int64_t now)
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads) except -1
+    cdef bint _probe(self, clocks, tids) except -1
+    cdef bint trial_failed(self, int tried, int kept, double speedup) except -1
+    cdef _make_notice(self, int threads, double par, double wait_share, trial)
+    cdef object take_notice(self)
+
+
+@cython.final
+cdef class _Tuner:
+    cdef int max_threads           # the most threads a trial may reach
+    cdef double cpus               # CPUs the process may use
+    cdef int ceiling               # no trial above this (lowered by a failed trial)
+    cdef int retry                 # windows until the ceiling is lifted again
+    cdef int trial_from            # the count before the trial running, or 0
+    cdef double trial_rate         # samples/s before the trial: the best of the recent windows
+    cdef double trial_low          # the trial's slowest window so far
+    cdef int trial_windows         # windows measured in the trial
+    cdef double recent[RECENT]     # samples/s of the last windows at the current count
+    cdef int n_recent
+    cdef int64_t t0                # the window's start; 0: the next batch starts one
+    cdef int64_t wait0             # the publisher's wait at the window's start
+    cdef double cpu0               # process CPU time at the window's start
+    cdef uint64_t samples0
+    cdef Py_ssize_t batches        # batches in the window
+    cdef readonly str reason       # why the count is not growing now ("" before the first window)
+
+    cdef void restart(self)
+    cdef bint due(self, int64_t now)
+    cdef int after_batch(self, int threads, uint64_t samples, int64_t wait_ns, _Gauge gauge) except -1
+    cdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
+    cdef void _remember(self, double rate)
+    cdef double _best_recent(self)
+    cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *
+
+
+cdef class _Batch:
+    # One batch of a map stage being assembled (_assemble.pxi).
+    cdef Py_ssize_t k              # its number in the epoch, from 0
+    cdef Py_ssize_t n              # rows
+    cdef Py_ssize_t done           # rows finished (loaded and assembled, failed, or skipped)
+    cdef bint complete             # done == n and the batch is built: the publisher may take it
+    cdef unsigned long gen         # its epoch's generation
+    cdef list keys                 # the sampler's indices, one per row
+    cdef uint64_t held             # bytes counted for it by the epochs' _Ahead
+    cdef object failure            # the exception of its lowest failed row, or None
+    cdef Py_ssize_t fail_row
+
+
+@cython.final
+cdef class _StackBatch(_Batch):
+    # A batch collated into pooled columns (_stack.pxi).
+    cdef list nodes                # the layout (row 0's key order once it has come)
+    cdef list cols                 # one _Column per leaf, made by the first finished sample
+    cdef Py_ssize_t layout_row     # the row whose sample made cols
+    # layout_row > 0 (row 0 finished later; see _settle):
+    cdef int row0                  # a Row0
+    cdef tuple row0_layout         # R0_DIFFERS: row 0's (nodes, leaf descriptions)
+    cdef Py_ssize_t min_filled     # the lowest row filled before row 0 came
+    cdef list odd                  # [(row, its layout)]: rows that did not fit cols before row 0 came
+
+
+cdef class _OwnedBatch(_Batch):
+    # A batch that is one object its thread copied (_assemble.pxi).
+    cdef list samples              # collate=f: the samples, until it runs
+    cdef _Parts parts              # the copied sample or collate result
+    cdef uint64_t bytes_copied, leaves_copied, bytes_handed, leaves_handed   # ...its copy, for stats
+
+
+cdef class _Assembly:
+    # What a map stage makes of each sample, one subclass per batching mode (_assemble.pxi).
+    cdef _Pool pool
+    cdef object name               # the loader's, for notes
+    cdef size_t max_block_bytes    # the largest batch's pool blocks so far (the keep policy)
+    cdef size_t keep_batches       # batches in flight the pool keeps blocks for (the stage sets it)
+
+    cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen)
+    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample) except -2
+    cdef int64_t finish(self, _Batch b) except -2
+    cdef void hand(self, _Batch b, _Parts parts) except *
+    cdef void new_epoch(self)
+    cdef void keep_for(self, size_t nbytes)
+    cdef void fail(self, _Batch b, Py_ssize_t row, int wid, exc, str what) except *
+
+
+@cython.final
+cdef class _StackAssembly(_Assembly):
+    # The default collate (_stack.pxi).
+    cdef object _lock              # a batch's columns are made, and row 0 settles them, under it
+    cdef uint64_t bytes_collated
+
+    cdef _settle(self, _StackBatch b, Py_ssize_t row, list nodes, list leaves, list ref, list cols,
+                 bint differs, object idx)
+    cdef _blame(self, _StackBatch b, Py_ssize_t row, why)
+    cdef size_t _keep_blocks(self, list cols)
+
+
+cdef class _OwningAssembly(_Assembly):
+    # collate=f and no batching: the thread copies what it hands on (_assemble.pxi).
+    cdef object collate            # collate=f (no batching: applied to the one sample), or None
+    cdef object delivery           # the device's Delivery or None: adapters may copy straight there
+    # the copies of the batches taken, per epoch as the core's counters (a
+    # batch of the next epoch may be copied before that epoch starts)
+    cdef uint64_t own_bytes_copied, own_leaves_copied, own_bytes_handed, own_leaves_handed
+    cdef set closers               # close hooks of the leaf adapters those copies used
+
+    cdef int64_t _own(self, object item, _OwnedBatch b) except -2
+
+
+@cython.final
+cdef class _SingleAssembly(_OwningAssembly):
+    pass
+
+
+@cython.final
+cdef class _CustomAssembly(_OwningAssembly):
+    pass
+
+
+@cython.final
+cdef class _EpochBatches:
+    # One epoch's key lists and its open batches (_epoch_batches.pxi).
+    cdef object token              # what its order is a function of (the loader's own); None: unknown
+    cdef readonly Py_ssize_t epoch # sample_rng()'s and WorkerInfo's
+    cdef object keys               # its iterator of key lists; None: none to read
+    cdef unsigned long gen         # its batches' generation, never reused
+    cdef bint exhausted            # every key list is read
+    cdef bint reading              # a thread is inside next(keys)
+    cdef Py_ssize_t next_k         # the number of the next batch to open
+    cdef Py_ssize_t taken          # batches handed to the publisher
+    cdef Py_ssize_t stop_k         # no batch from here on opens (an error came before it)
+    cdef dict pending              # k -> _Batch, opened and not taken
+    cdef object failure            # an error of the sampler or a worker_init, raised after batch stop_k - 1
+
+    cdef bint may_open(self)
+    cdef Py_ssize_t open_count(self)
+    cdef void stop_after(self, _Batch b)
+    cdef bint adoptable(self, token)
+    cdef list read_keys(self)
+    cdef void add(self, _Batch b)
+    cdef void fail(self, exc, Py_ssize_t k)
+    cdef void drop(self)
+    cdef uint64_t held(self)
+
+
+@cython.final
+cdef class _Ahead:
+    # What the epochs hold ahead of the consumer, and its bounds (_epoch_batches.pxi).
+    cdef uint64_t max_bytes        # 0: no cap
+    cdef uint64_t held_bytes       # of the batches open, and taken but not consumed
+    cdef bint sized                # a batch's real size is known (before: no estimate)
+    cdef uint64_t estimate         # the largest batch's real bytes so far: a new batch's count
+    cdef Py_ssize_t lookahead      # batches opened and not consumed, at most; 0: no cap
+    cdef Py_ssize_t n_consumed     # batches of the epoch the consumer has taken
+
+    cdef void new_epoch(self)
+    cdef bint bounded(self)
+    cdef bint has_room(self, Py_ssize_t next_k, Py_ssize_t open_now)
+    cdef void hold(self, _Batch b)
+    cdef void resize(self, _Batch b, uint64_t nbytes, bint counted)
+    cdef void release(self, uint64_t nbytes)
+    cdef void consumed(self, bint this_epoch, uint64_t nbytes)
+
+
+@cython.final
+cdef class _Epochs:
+    # The current epoch, the next one opened early, and what opens when (_epoch_batches.pxi).
+    cdef _EpochBatches now         # the current one
+    cdef _EpochBatches after       # the next one, opened before it starts; None: not known
+    cdef unsigned long last_gen    # the last generation given (none is reused)
+    cdef _Batch cur                # the batch whose rows are being claimed
+    cdef Py_ssize_t cur_row        # its next row
+    cdef Py_ssize_t window         # batches open ahead of the last one taken (the stage sets it)
+    cdef _Ahead ahead              # the bounds on what is held ahead of the consumer
+
+    cdef unsigned long new_gen(self)
+    cdef _EpochBatches begin(self, Py_ssize_t epoch, order)
+    cdef void set_keys(self, _EpochBatches e, batches, following)
+    cdef void drop_after(self)
+    cdef void abandon(self, _EpochBatches e)
+    cdef void close(self)
+    cdef _EpochBatches epoch_of(self, _Batch b)
+    cdef bint has_rows(self)
+    cdef _Batch claim_row(self, Py_ssize_t *row)
+    cdef _EpochBatches to_open(self)
+    cdef bint open_next(self, _Assembly asm, name) except -1
+
+
+cdef class _ThreadWork:
+    # What loader threads work for; the map stage implements it (_threads.pxi).
+    cdef object thread_load(self, int wid)
+    cdef void thread_failed(self, int wid, exc) except *
+    cdef _Batch claim(self, int wid, Py_ssize_t *row)
+    cdef object key_of(self, _Batch b, Py_ssize_t row, int wid)
+    cdef void check_key(self, key) except *
+    cdef void failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what) except *
+    cdef void loaded(self, _Batch b, Py_ssize_t row, key, int wid, sample) except *
+    cdef void done(self, _Batch b) except *
+    cdef void wake(self)
+
+
+@cython.final
+cdef class _LoaderThreads:
+    # The loader threads of a map stage (_threads.pxi).
+    cdef object name               # the loader's: threads are "<name>-w<number>"
+    cdef object _cv                # the stage's condition (re-entrant)
+    cdef list _threads             # the threads close() joins
+    cdef list _gone                # per thread number: its thread has left (worker_init failed)
+    cdef list _starters            # idents of the threads inside ensure()'s Thread.start()
+    cdef bint _listed              # close() has taken the list of threads it joins
+    cdef bint closed
+    cdef readonly int count        # thread numbers in use (started, or gone and replaced later)
+    cdef int64_t load_ns           # time inside load(key), summed over threads (each adds its own)
+    cdef list busy_since           # per thread: pf_now_ns() when its load began, 0 when idle
+    cdef list busy_key             # per thread: the key it loads
+    cdef list clocks               # per thread: its CPU clock id (None: none), for the gauge
+    cdef list tids                 # per thread: its kernel thread id (None: not started), for the gauge
+
+    cdef void ensure(self, int n, _ThreadWork work) except *
+    cdef void gone(self, int wid)
+    cdef void busy(self, int wid, key, int64_t since)
+    cdef int64_t busy_ns(self, int64_t now)
+    cdef str describe(self)
+    cdef void close(self, double grace) except *
+
+
+@cython.final
+cdef class _MapStage(_ThreadWork):
+    # The map stage behind Loader and map (_map.pxi).
+    cdef object load               # key -> sample
+    cdef _Assembly asm             # what becomes of each sample (_assemble.pxi)
+    cdef object name
+    cdef object worker_init        # worker_id -> None, on each thread before its first sample
+    cdef public object per_thread  # worker_id -> that thread's load (a dataset of its own), or None
+    cdef tuple on_thread           # applied on each thread first: the creator's framework modes
+    cdef public object seed        # of sample_rng(); a resumed loader may adopt a saved one between epochs
+    cdef bint ordered
+    cdef bint go_on                # a failed batch is its own error; the epoch goes on (framework loaders)
+    cdef object _lock              # one thread reads the sampler at a time
+    cdef object _cv                # the wake-ups: a batch complete, room, a new epoch, close
+    cdef _LoaderThreads crew       # the threads (_threads.pxi)
+    cdef int target                # threads that claim work; more may be parked (workers="auto")
+    cdef Py_ssize_t rows           # rows per batch, for the window
+    cdef _Tuner tuner              # workers="auto"; None: a fixed count
+    cdef readonly _Gauge gauge     # do the threads run in parallel (_gauge.pxi)
+    cdef int depth                 # the ring's, for the pool's keep
+    cdef _Epochs epochs            # the epochs, what opens when, the bounds (_epoch_batches.pxi)
+    cdef bint closed
+    cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); KEYS_ANY, KEYS_UNCHECKED: any key
+    # counters (GIL held)
+    cdef int64_t wait_ns           # the publisher's wait for batches, for the tuner
+    cdef int64_t idle_ns           # threads waiting for room in the window or a new epoch
+    cdef uint64_t samples
+
+    cdef _set_threads(self, int threads, Py_ssize_t batch_rows)
+    cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes)
+    cdef void measure(self) except *
+    cdef _open_batch(self)
+    cdef _sized(self, _Batch b, uint64_t nbytes)
+
+
+@cython.final
+cdef class _MapEpoch(_Stage):
+    # One epoch of a _MapStage, as the stage of its _Core (_map.pxi).
+    cdef _MapStage stage
+    cdef _EpochBatches e           # its batches
+    # ordered=False: the numbers of the batches published, in the ring's
+    # order, so that the first `consumed` of them are those delivered (a
+    # Loader's state_dict()); empty when ordered.
+    cdef readonly list order
+
+    cdef _Batch _complete(self)
 
 
 cdef class _Publisher:

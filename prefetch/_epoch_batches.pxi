@@ -1,36 +1,26 @@
-# _epoch_batches.pxi (included by _core.pyx): one epoch of a map stage as its
-# batches open.
+# _epoch_batches.pxi (included by _core.pyx): the epochs of a map stage as
+# their batches open, and the bounds on what is held ahead of the consumer.
 #
 # An epoch's key lists are read in order (the sampler's, or the loader's own
 # order), each opening a batch of that epoch's generation; the batches wait
-# in `pending` until the publisher takes them. A map stage holds the current
-# epoch's (`now`) and, where the loader gives the order itself (a function
-# of the seed and the epoch, read by no user code), the next epoch's
-# (`after`): once `now` has no batch left to open, the loader threads open
-# `after`'s first batches, within the window and the _Ahead bounds counted
-# with `now`'s. The next start_epoch adopts `after` when its order is the
-# one planned (its batches, loaded once, are that epoch's first), and drops
-# it otherwise, as set_epoch to another epoch, load_state_dict and close do
-# at once. Every field is read and written with the GIL held; batches open
-# under the stage's _lock, epochs start, end and are dropped under its _cv.
+# in `pending` until the publisher takes them. _Epochs holds the current
+# epoch (`now`) and, where the loader gives the order itself (a function of
+# the seed and the epoch, read by no user code), the next one (`after`):
+# once `now` has no batch left to open, `after`'s first batches open, within
+# the window and the _Ahead bounds counted with `now`'s. The next epoch's
+# start adopts `after` when its order is the one planned (its batches, loaded
+# once, are that epoch's first), and drops it otherwise, as set_epoch to
+# another epoch, load_state_dict and close do at once. _Epochs also knows
+# which batch's rows are claimed next (`cur`). None of these knows the stage
+# or calls it: the stage (_map.pxi) calls them, under its locks (batches
+# open under its _lock, epochs start, end and are dropped under its _cv).
 
 cdef Py_ssize_t NO_STOP = <Py_ssize_t>(INT64_MAX >> 1)
-cdef class _MapStage   # _map.pxi
 
 
 @cython.final
 cdef class _EpochBatches:
-    cdef object token              # what its order is a function of (the loader's own); None: unknown
-    cdef readonly Py_ssize_t epoch # sample_rng()'s and WorkerInfo's
-    cdef object keys               # its iterator of key lists; None: none to read
-    cdef unsigned long gen         # its batches' generation, never reused
-    cdef bint exhausted            # every key list is read
-    cdef bint reading              # a thread is inside next(keys)
-    cdef Py_ssize_t next_k         # the number of the next batch to open
-    cdef Py_ssize_t taken          # batches handed to the publisher
-    cdef Py_ssize_t stop_k         # no batch from here on opens (an error came before it)
-    cdef dict pending              # k -> _Batch, opened and not taken
-    cdef object failure            # an error of the sampler or a worker_init, raised after batch stop_k - 1
+    """One epoch's key lists and its batches opened and not yet taken."""
 
     def __cinit__(self, unsigned long gen, Py_ssize_t epoch, token, keys):
         self.gen = gen
@@ -40,14 +30,14 @@ cdef class _EpochBatches:
         self.stop_k = NO_STOP
         self.pending = {}
 
-    cdef inline bint may_open(self):
+    cdef bint may_open(self):
         return self.keys is not None and not self.exhausted and self.next_k < self.stop_k
 
-    cdef inline Py_ssize_t open_count(self):
+    cdef Py_ssize_t open_count(self):
         """Batches opened and not yet taken."""
         return self.next_k - self.taken
 
-    cdef inline void stop_after(self, _Batch b):
+    cdef void stop_after(self, _Batch b):
         """A row of ``b`` failed: no batch after it opens."""
         self.stop_k = min(self.stop_k, b.k + 1)
 
@@ -55,55 +45,31 @@ cdef class _EpochBatches:
         """It is the epoch ``token`` names, and no thread is reading its keys."""
         return token is not None and self.keys is not None and not self.reading and token == self.token
 
-    cdef open_batch(self, _MapStage st):
-        """Reads its next key list and opens that batch, as the one whose rows
-        are claimed next (under the stage's _lock). At the end of the key
-        lists it is exhausted; an error of the sampler ends the epoch after
-        the batches before it, or drops the next epoch, whose key lists are
-        read again when it starts (where that error belongs)."""
-        cdef _Batch b
-        cdef bint failed = False
-        k = self.next_k
+    cdef list read_keys(self):
+        """Its next key list; None at their end (it is exhausted). An error of
+        the sampler is raised as it is."""
+        cdef list keys
         self.reading = True
         try:
             keys = list(next(self.keys))
-            if not keys:
-                raise ValueError(f"the batch sampler yielded an empty batch (batch {k})")
         except StopIteration:
             self.exhausted = True
+            return None
+        finally:
             self.reading = False
-            st._wake_all()
-            return
-        except BaseException as exc:
-            self.reading = False
-            if self is st.after:
-                st._drop_after()
-            elif self is st.now:
-                _add_note(exc, f"raised by the sampler of loader {st.name!r} while giving the "
-                               f"indices of batch {k + 1} (counted from 1)")
-                self.failure = exc
-                self.stop_k = min(self.stop_k, k)
-            failed = True
-        self.reading = False
-        if failed:
-            st._wake_all()   # once this frame holds the error no more (see _work)
-            return
-        if self is not st.now and self is not st.after:
-            return     # dropped while the sampler ran
-        b = _Batch.__new__(_Batch)
-        b.k = k
-        b.n = len(keys)
-        b.gen = self.gen
-        b.keys = keys
-        if st.mode == M_CUSTOM:
-            b.samples = [None] * b.n
-        # Counted as big as the largest batch so far until its layout is known.
-        b.held = st.ahead.estimate
-        st.ahead.held_bytes += b.held
-        self.pending[k] = b
-        self.next_k = k + 1
-        st.cur = b
-        st.cur_row = 0
+        if not keys:
+            raise ValueError(f"the batch sampler yielded an empty batch (batch {self.next_k})")
+        return keys
+
+    cdef void add(self, _Batch b):
+        """``b``, read by read_keys(), is open."""
+        self.pending[b.k] = b
+        self.next_k = b.k + 1
+
+    cdef void fail(self, exc, Py_ssize_t k):
+        """It ends with ``exc`` after its batches before ``k``."""
+        self.failure = exc
+        self.stop_k = min(self.stop_k, k)
 
     cdef void drop(self):
         """It ends here: nothing more opens, and its open batches are let go."""
@@ -116,3 +82,190 @@ cdef class _EpochBatches:
         for b in self.pending.values():
             total += (<_Batch>b).held
         return total
+
+
+@cython.final
+cdef class _Ahead:
+    """What the epochs hold ahead of the consumer, and the bounds on it: bytes
+    (max_bytes: of the batches open, and taken but not yet consumed; one batch
+    may exceed it alone) and batches (lookahead: opened and not yet consumed).
+    A batch is counted as big as the largest so far until its size is known."""
+
+    def __cinit__(self, uint64_t max_bytes):
+        self.max_bytes = max_bytes
+
+    cdef void new_epoch(self):
+        self.held_bytes = 0
+        self.n_consumed = 0
+
+    cdef bint bounded(self):
+        return self.max_bytes != 0 or self.lookahead != 0
+
+    cdef bint has_room(self, Py_ssize_t next_k, Py_ssize_t open_now):
+        """Batch ``next_k`` may open, ``open_now`` batches being open. Until one
+        batch's size is known there is no estimate: one batch opens at a time."""
+        if self.lookahead != 0 and next_k - self.n_consumed >= self.lookahead:
+            return False
+        if self.max_bytes == 0 or self.held_bytes == 0 and open_now == 0:
+            return True
+        if not self.sized:
+            return False
+        return self.held_bytes + self.estimate <= self.max_bytes
+
+    cdef void hold(self, _Batch b):
+        """``b`` opens: counted at the estimate."""
+        b.held = self.estimate
+        self.held_bytes += b.held
+
+    cdef void resize(self, _Batch b, uint64_t nbytes, bint counted):
+        """``b``'s real size is known: it replaces the estimate (in the count
+        where ``counted``: its epoch is not dropped) and raises it."""
+        if counted:
+            self.release(b.held)
+            self.held_bytes += nbytes
+        b.held = nbytes
+        self.sized = True
+        if nbytes > self.estimate:
+            self.estimate = nbytes
+
+    cdef void release(self, uint64_t nbytes):
+        self.held_bytes -= min(nbytes, self.held_bytes)
+
+    cdef void consumed(self, bint this_epoch, uint64_t nbytes):
+        if this_epoch:
+            self.n_consumed += 1
+        self.release(nbytes)
+
+
+@cython.final
+cdef class _Epochs:
+    """The current epoch, the next one opened early, the batch whose rows are
+    claimed next, and the window: what opens when. Under the stage's locks."""
+
+    def __cinit__(self, uint64_t max_bytes):
+        self.now = _EpochBatches(0, 0, None, None)
+        self.ahead = _Ahead(max_bytes)
+
+    cdef unsigned long new_gen(self):
+        self.last_gen += 1
+        return self.last_gen
+
+    cdef _EpochBatches begin(self, Py_ssize_t epoch, order):
+        """Epoch ``epoch`` begins (the current one is dropped): the one opened
+        early where ``order`` names it, else a new one, whose keys the caller
+        gives once the threads run (set_keys)."""
+        cdef _EpochBatches e
+        self.now.drop()
+        e = self.after
+        if e is not None and e.adoptable(order):
+            self.after = None   # opened early: its batches are this epoch's first
+        else:
+            self.drop_after()
+            e = _EpochBatches(self.new_gen(), epoch, order, None)
+        self.now = e
+        if self.cur is not None and self.cur.gen != e.gen:
+            self.cur = None
+        self.ahead.new_epoch()
+        self.ahead.held_bytes = e.held()
+        return e
+
+    cdef void set_keys(self, _EpochBatches e, batches, following):
+        """``e`` (begun) reads ``batches``; ``following``, (order, epoch,
+        batches) of the epoch after it where known, opens once ``e`` has no
+        batch left to open."""
+        if e is not self.now:
+            return
+        if e.keys is None:
+            e.keys = batches
+        if following is not None:
+            self.after = _EpochBatches(self.new_gen(), following[1], following[0], following[2])
+
+    cdef void drop_after(self):
+        """The next epoch is not the one planned: what opened of it is let go."""
+        cdef _EpochBatches a = self.after
+        if a is None:
+            return
+        self.after = None
+        self.ahead.release(a.held())
+        a.drop()
+        if self.cur is not None and self.cur.gen == a.gen:
+            self.cur = None
+
+    cdef void abandon(self, _EpochBatches e):
+        """``e`` ends early: its work is dropped (not the next epoch's)."""
+        if e is self.now:
+            self.now = _EpochBatches(self.new_gen(), e.epoch, None, None)
+            if self.cur is not None and self.cur.gen == e.gen:
+                self.cur = None
+        e.drop()
+
+    cdef void close(self):
+        self.drop_after()
+        self.now.drop()
+        self.now = _EpochBatches(self.new_gen(), self.now.epoch, None, None)
+        self.cur = None
+
+    cdef _EpochBatches epoch_of(self, _Batch b):
+        """The epoch ``b`` is of; None once that one is dropped."""
+        if b.gen == self.now.gen:
+            return self.now
+        if self.after is not None and b.gen == self.after.gen:
+            return self.after
+        return None
+
+    cdef bint has_rows(self):
+        """The batch being claimed has a row left, and its epoch runs."""
+        return self.cur is not None and self.cur_row < self.cur.n and self.epoch_of(self.cur) is not None
+
+    cdef _Batch claim_row(self, Py_ssize_t *row):
+        """The next row of the batch being claimed, or None."""
+        if not self.has_rows():
+            return None
+        row[0] = self.cur_row
+        self.cur_row += 1
+        return self.cur
+
+    cdef _EpochBatches to_open(self):
+        """The epoch whose next batch may open now: the current one, or once
+        it has none left to open, the next one, beside it within the window
+        and the bounds; None."""
+        cdef _EpochBatches e = self.now, a = self.after
+        if e.may_open():
+            if e.open_count() < self.window and self.ahead.has_room(e.next_k, e.open_count()):
+                return e
+        elif (e.exhausted and a is not None and a.may_open()
+                and e.open_count() + a.next_k < self.window
+                and self.ahead.has_room(e.next_k + a.next_k, e.open_count() + a.open_count())):
+            return a
+        return None
+
+    cdef bint open_next(self, _Assembly asm, name) except -1:
+        """Reads the next key list of the epoch that may open a batch and opens
+        that batch (``asm`` makes it), as the one whose rows are claimed next:
+        True. False where the keys ended or the sampler raised: its error
+        ends the current epoch after the batches before it, or drops the
+        next epoch, whose key lists are read again when it starts (where that
+        error belongs). The stage's _lock is held."""
+        cdef _EpochBatches e = self.to_open()
+        cdef list keys = None
+        if e is None or self.has_rows():
+            return True   # (another thread opened one meanwhile)
+        k = e.next_k
+        try:
+            keys = e.read_keys()
+        except BaseException as exc:
+            if e is self.after:
+                self.drop_after()
+            elif e is self.now:
+                _add_note(exc, f"raised by the sampler of loader {name!r} while giving the "
+                               f"indices of batch {k + 1} (counted from 1)")
+                e.fail(exc, k)
+            exc = None
+        if keys is None or not (e is self.now or e is self.after):   # (dropped while the sampler ran)
+            return False
+        b = asm.new_batch(k, keys, e.gen)
+        self.ahead.hold(b)
+        e.add(b)
+        self.cur = b
+        self.cur_row = 0
+        return True

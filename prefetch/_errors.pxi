@@ -2,10 +2,8 @@
 # note a source's exception carries to the consumer (SPEC §4).
 
 cdef class _Failure:
-    # An exception from a stage, in the slot where its batch would be; the
-    # stream ends with it unless it is one batch's (ends False).
-    cdef readonly object exc
-    cdef readonly bint ends
+    """An exception from a stage, in the slot where its batch would be; the
+    stream ends with it unless it is one batch's (ends False)."""
 
     def __cinit__(self, exc, bint ends=True):
         self.exc = exc

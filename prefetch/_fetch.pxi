@@ -22,13 +22,6 @@ _FETCHING = {
 
 @cython.final
 cdef class _FetchStage(_Stage):
-    cdef object source             # the iterator; None once the publisher thread ended
-    cdef _BatchCopy batch_copy
-    cdef object name
-    cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
-    cdef bint _stopped             # stop() ran
-    cdef int _doing
-    cdef uint64_t _fetched         # batches fetched, for the error note
 
     def __cinit__(self, source, _BatchCopy batch_copy, name):
         self.source = source

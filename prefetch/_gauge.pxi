@@ -29,12 +29,10 @@
 # all probes serialized (a CPU starved by other processes can fool one probe,
 # rarely 3/4 of them), and a parallelism over the serialized windows under
 # 0.65 x min(threads, CPUs); or a failed workers="auto" trial whose window
-# was serialized. Never where the process may use one CPU only. Publisher
-# thread only, but the notice's hand-over (take_notice). Also here:
-# _after_batch, what the map stage's publisher does after each batch taken
-# (this gauge's window, then the tuner's of _tune.pxi).
+# was serialized. Never where the process may use one CPU only. Called by
+# the map stage (_MapStage.measure) on the publisher thread, but the
+# notice's hand-over (take_notice); it calls nothing back.
 
-cdef class _MapStage   # _map.pxi
 
 
 cdef double SERIAL_BUSY = 1.25      # threads busy on average, at least, to judge a window
@@ -157,26 +155,6 @@ cdef inline int64_t _clock_ns(clockid_t clock) noexcept nogil:
 
 @cython.final
 cdef class _Gauge:
-    cdef object name               # the stage's, for the notice
-    cdef object what               # what the threads call: "dataset[i]", "the mapped function"
-    cdef public object remedy      # the notice's advice on processes (a drop-in may name its framework's)
-    cdef int64_t t0                # the window's start; 0: the next batch starts one
-    cdef int64_t busy0             # the threads' time inside load() at the window's start
-    cdef double cpu0               # their CPU time then
-    cdef int threads               # threads claiming work in the window
-    # over every window (seconds, and seconds times a figure)
-    cdef double wall_s, busy_s, par_s, wait_s
-    # over the serialized windows (the notice's figures)
-    cdef double ser_wall_s, ser_busy_s, ser_par_s
-    cdef int probes, probes_ser    # probes of the GIL made, and those that found the threads waiting
-    cdef bint last_probe           # the last probe's verdict
-    cdef int skip                  # judged windows until the next probe
-    cdef bint last_serialized      # the last window's verdict, and its thread count
-    cdef int last_threads
-    cdef double last_busy, last_par
-    cdef public bint noticed       # the notice was made (it is given once; a drop-in whose loader
-                                   # makes a stage per epoch carries it over)
-    cdef object notice             # a GILBoundWarning for the consumer to raise, or None
 
     def __cinit__(self, name):
         self.name = name
@@ -305,22 +283,3 @@ cdef class _Gauge:
         """The gauge's fields of Stats."""
         return dict(load_parallelism=self.par_s / self.wall_s if self.wall_s else 0.0,
                     load_wait_share=self.wait_s / self.busy_s if self.busy_s else 0.0)
-
-
-cdef int _after_batch(_MapStage st) except -1:
-    """After each batch taken by ``st``'s publisher: the gauge's window, then
-    workers="auto"'s (which reads the gauge's verdict on its window: both
-    close together); a new thread count starts a new window of each."""
-    cdef int threads
-    cdef int64_t now = pf_now_ns()
-    if st.gauge.due(now) or st.tuner is not None and st.tuner.due(now):
-        st.gauge.after_batch(now, st.load_ns + st.crew.busy_ns(now), st.crew.clocks, st.crew.tids, st.target)
-    if st.tuner is not None:
-        threads = st.tuner.after_batch(st.target, st.samples, st.wait_ns, st.gauge)
-        if threads != st.target:
-            st._set_threads(threads, st.rows)
-            with st._cv:
-                st._cv.notify_all()   # parked threads' turn
-            now = pf_now_ns()
-            st.gauge.after_batch(now, st.load_ns + st.crew.busy_ns(now), st.crew.clocks, st.crew.tids, threads)
-    return 0

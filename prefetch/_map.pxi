@@ -19,11 +19,6 @@
 # batch, `_cv` carries the wake-ups (a batch completed, room in the window, a
 # new epoch, close). Every wait is a timed slice that re-checks close().
 
-cdef enum MapMode:
-    M_STACK        # the default collate: rows of pooled blocks
-    M_CUSTOM       # collate=f: f(samples) on the thread that finished the batch
-    M_SINGLE       # no batching (batch_size=None, prefetch.map): the sample is the batch
-
 # A stage's key range (n_keys) when keys are not dataset indices to check:
 cdef enum:
     KEYS_ANY = -1          # prefetch.map's items; sample_rng()'s index is the item's position
@@ -96,96 +91,14 @@ def worker_info():
 
 
 @cython.final
-cdef class _Ahead:
-    """What an epoch holds ahead of its consumer, and the bounds on it: bytes
-    (max_bytes: of the batches open, and taken but not yet consumed; one batch
-    may exceed it alone) and batches (lookahead: opened and not yet consumed).
-    Under the stage's condition."""
-    cdef uint64_t max_bytes        # 0: no cap
-    cdef uint64_t held_bytes
-    cdef bint sized                # a batch's real size is known (before: no estimate)
-    cdef uint64_t estimate         # the largest batch's real bytes so far: a new batch's count
-    cdef Py_ssize_t lookahead      # 0: no cap
-    cdef Py_ssize_t n_consumed     # batches of the epoch the consumer has taken
-
-    def __cinit__(self, uint64_t max_bytes):
-        self.max_bytes = max_bytes
-
-    cdef void new_epoch(self):
-        self.held_bytes = 0
-        self.n_consumed = 0
-
-    cdef bint bounded(self):
-        return self.max_bytes != 0 or self.lookahead != 0
-
-    cdef bint has_room(self, Py_ssize_t next_k, size_t batch_bytes, Py_ssize_t open_now):
-        """Batch ``next_k`` (of about ``batch_bytes``) may open, ``open_now``
-        batches being open. Until one batch's size is known there is no
-        estimate: one batch opens at a time."""
-        if self.lookahead != 0 and next_k - self.n_consumed >= self.lookahead:
-            return False
-        if self.max_bytes == 0 or self.held_bytes == 0 and open_now == 0:
-            return True
-        if not self.sized:
-            return False
-        return self.held_bytes + batch_bytes <= self.max_bytes
-
-    cdef void sized_one(self, uint64_t nbytes):
-        """A batch's real size is known (its layout, or its copy)."""
-        self.sized = True
-        if nbytes > self.estimate:
-            self.estimate = nbytes
-
-    cdef void release(self, uint64_t nbytes):
-        self.held_bytes -= min(nbytes, self.held_bytes)
-
-    cdef void consumed(self, bint this_epoch, uint64_t nbytes):
-        if this_epoch:
-            self.n_consumed += 1
-        self.release(nbytes)
-
-
-@cython.final
-cdef class _MapStage:
-    cdef object load               # key -> sample
-    cdef _Assembly asm             # what becomes of each sample (_assemble.pxi)
-    cdef int mode
-    cdef object name
-    cdef object worker_init        # worker_id -> None, on each thread before its first sample
-    cdef public object per_thread  # worker_id -> that thread's load (a dataset of its own), or None
-    cdef tuple on_thread           # applied on each thread first: the creator's framework modes
-    cdef public object seed        # of sample_rng(); a resumed loader may adopt a saved one between epochs
-    cdef bint ordered
-    cdef bint go_on                # a failed batch is its own error; the epoch goes on (framework loaders)
-    cdef object _lock
-    cdef object _cv
-    cdef _LoaderThreads crew       # the threads (_threads.pxi)
-    cdef int target                # threads that claim work; more may be parked (workers="auto")
-    cdef Py_ssize_t rows           # rows per batch, for the window
-    cdef _Tuner tuner              # workers="auto"; None: a fixed count
-    cdef readonly _Gauge gauge     # do the threads run in parallel (_gauge.pxi)
-    cdef int64_t wait_ns           # the publisher's wait for batches, for the tuner
-    cdef int depth                 # the ring's, for the pool's keep
-    cdef _Ahead ahead              # the bounds on what the epoch holds ahead of the consumer
-    cdef bint closed
-    cdef unsigned long last_gen    # the last generation given (none is reused)
-    # the epochs (_epoch_batches.pxi)
-    cdef _EpochBatches now         # the current one
-    cdef _EpochBatches after       # the next one, opened before it starts; None: not known
-    cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); KEYS_ANY, KEYS_UNCHECKED: any key
-    cdef _Batch cur                # the batch whose rows are being claimed
-    cdef Py_ssize_t cur_row
-    cdef Py_ssize_t window         # batches open ahead of the last one taken
-    # counters (GIL held)
-    cdef int64_t load_ns           # inside load(key), summed over threads
-    cdef int64_t idle_ns           # threads waiting for room in the window or a new epoch
-    cdef uint64_t samples
+cdef class _MapStage(_ThreadWork):
+    """The threads, the epochs and the assembly of a Loader or map: the
+    loaders' side of _ThreadWork, and the calls the Loader makes."""
 
     def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
                   int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0):
         self.load = load
-        self.mode = mode
-        self.asm = _Assembly(mode, collate, pool, delivery, name)
+        self.asm = _assembly_for(mode, collate, pool, delivery, name)
         self.name = name
         self.worker_init = worker_init
         self.on_thread = on_thread
@@ -196,12 +109,11 @@ cdef class _MapStage:
         # Re-entrant: a signal handler may call close() while its thread holds it.
         self._cv = threading.Condition(threading.RLock())
         self.crew = _LoaderThreads(name, self._cv)
-        self.now = _EpochBatches(0, 0, None, None)
+        self.epochs = _Epochs(max_bytes)
         self.n_keys = KEYS_ANY
-        self.ahead = _Ahead(max_bytes)
         self.gauge = _Gauge(name)
 
-    # -- consumer side (the Loader, under the GIL) ---------------------------
+    # -- the Loader's calls (consumer side, GIL held) --------------------------
 
     def set_auto(self, int max_threads, double cpus):
         """workers="auto": from one thread up to ``max_threads``, growing while
@@ -225,55 +137,25 @@ cdef class _MapStage:
         with self._cv:
             if self.closed:
                 raise ClosedError(f"loader {self.name!r} is closed")
-            self.now.drop()
-            e = self.after
-            if e is not None and e.adoptable(order):
-                self.after = None   # opened early: its batches are this epoch's first
-            else:
-                self._drop_after()
-                # No keys until every thread has started: they find the work at once.
-                e = _EpochBatches(self._new_gen(), epoch, order, None)
-            self.now = e
+            e = self.epochs.begin(epoch, order)
             self.n_keys = n_keys
-            if self.cur is not None and self.cur.gen != e.gen:
-                self.cur = None
-            self.ahead.new_epoch()
-            self.ahead.held_bytes = e.held()
-            # Per epoch, as the core's counters of the batches.
-            self.asm.new_epoch()
+            self.asm.new_epoch()   # per epoch, as the core's counters of the batches
         # Not under _cv: Thread.start() may run a signal handler that calls close().
+        # No keys until every thread has started: they find the work at once.
         self._set_threads(threads, batch_rows)
         with self._cv:
             if self.closed:   # by a signal handler inside Thread.start(), or another thread
                 raise ClosedError(f"loader {self.name!r} was closed while its epoch started")
-            if e is self.now:
-                if e.keys is None:
-                    e.keys = batches
-                if following is not None:
-                    self.after = _EpochBatches(self._new_gen(), following[1], following[0], following[2])
+            self.epochs.set_keys(e, batches, following)
             self._cv.notify_all()
         return _MapEpoch(self, e)
-
-    cdef unsigned long _new_gen(self):
-        self.last_gen += 1
-        return self.last_gen
 
     def drop_following(self):
         """The next epoch is not the one planned (set_epoch, load_state_dict):
         what was opened of it early is dropped."""
         with self._cv:
-            self._drop_after()
+            self.epochs.drop_after()
             self._cv.notify_all()
-
-    cdef _drop_after(self):
-        cdef _EpochBatches a = self.after
-        if a is None:
-            return
-        self.after = None
-        self.ahead.release(a.held())
-        a.drop()
-        if self.cur is not None and self.cur.gen == a.gen:
-            self.cur = None
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows):
         """``threads`` threads claim work (more may be parked: workers="auto");
@@ -281,8 +163,8 @@ cdef class _MapStage:
         _LoaderThreads.ensure)."""
         # Enough batches open for every thread to have a row, and one more
         # so that a thread finishing a batch finds the next one open.
-        self.window = max(2, (threads + batch_rows - 1) // batch_rows + 1)
-        self.asm.keep_batches = self.window + self.depth + 2   # open, in the ring, held by the user
+        self.epochs.window = max(2, (threads + batch_rows - 1) // batch_rows + 1)
+        self.asm.keep_batches = self.epochs.window + self.depth + 2   # open, in the ring, held by the user
         self.target = threads
         self.rows = batch_rows
         self.crew.ensure(threads, self)
@@ -293,7 +175,7 @@ cdef class _MapStage:
         framework loader's bound on work done ahead (workers times a
         prefetch factor)."""
         with self._cv:
-            self.ahead.lookahead = max(batches, 0)
+            self.epochs.ahead.lookahead = max(batches, 0)
             self._cv.notify_all()
 
     def set_continue_after_failure(self, bint go_on):
@@ -308,28 +190,21 @@ cdef class _MapStage:
         """Ends epoch ``e`` early (its core is closing): work of it is dropped
         (not the next epoch's: it still follows)."""
         with self._cv:
-            if e is self.now:
-                self.now = _EpochBatches(self._new_gen(), e.epoch, None, None)
-                if self.cur is not None and self.cur.gen == e.gen:
-                    self.cur = None
-            e.drop()
+            self.epochs.abandon(e)
             self._cv.notify_all()
 
     def close(self, double grace=CLOSE_GRACE_S):
         """Stops and joins every thread (at most ``grace`` s in all); idempotent."""
         with self._cv:
             self.closed = True
-            self._drop_after()
-            self.now.drop()
-            self.now = _EpochBatches(self._new_gen(), self.now.epoch, None, None)
-            self.cur = None
+            self.epochs.close()
             self._cv.notify_all()
         self.crew.close(grace)
         self.asm.close()
 
     def stats(self):
         """The stage's fields of Stats, over every epoch."""
-        return dict(workers=self.target, load_s=self.load_ns / 1e9, loader_idle_s=self.idle_ns / 1e9,
+        return dict(workers=self.target, load_s=self.crew.load_ns / 1e9, loader_idle_s=self.idle_ns / 1e9,
                     samples=self.samples, tune_reason="" if self.tuner is None else self.tuner.reason,
                     **self.gauge.counts(), **self.asm.counts())
 
@@ -345,18 +220,56 @@ cdef class _MapStage:
     cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes):
         """The consumer took a batch of epoch ``e``: no longer held ahead."""
         with self._cv:
-            self.ahead.consumed(e is self.now, nbytes)
+            self.epochs.ahead.consumed(e is self.epochs.now, nbytes)
             self._cv.notify_all()
 
-    # -- loader threads ------------------------------------------------------
+    cdef void measure(self) except *:
+        """After each batch the publisher takes: the gauge's window, then
+        workers="auto"'s (which reads the gauge's verdict on its window: both
+        close together); a new thread count starts a new window of each. The
+        gauge and the tuner are asked; they call nothing back."""
+        cdef int threads
+        cdef int64_t now = pf_now_ns()
+        cdef _LoaderThreads crew = self.crew
+        if self.gauge.due(now) or self.tuner is not None and self.tuner.due(now):
+            self.gauge.after_batch(now, crew.load_ns + crew.busy_ns(now), crew.clocks, crew.tids, self.target)
+        if self.tuner is None:
+            return
+        threads = self.tuner.after_batch(self.target, self.samples, self.wait_ns, self.gauge)
+        if threads != self.target:
+            self._set_threads(threads, self.rows)
+            with self._cv:
+                self._cv.notify_all()   # parked threads' turn
+            now = pf_now_ns()
+            self.gauge.after_batch(now, crew.load_ns + crew.busy_ns(now), crew.clocks, crew.tids, threads)
 
-    cdef _Batch _claim(self, int wid, Py_ssize_t *row):
+    # -- the loader threads' work (_ThreadWork) ---------------------------------
+
+    cdef object thread_load(self, int wid):
+        load = self.load
+        _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch)
+        for apply in self.on_thread:
+            apply()
+        if self.per_thread is not None:
+            load = self.per_thread(wid)   # this thread's own dataset, before worker_init
+        if self.worker_init is not None:
+            self.worker_init(wid)
+        return load
+
+    cdef void thread_failed(self, int wid, exc) except *:
+        """worker_init raised: the epoch ends with its error (the thread wakes
+        the publisher once it no longer holds the error)."""
+        cdef _EpochBatches now = self.epochs.now
+        _add_note(exc, f"raised while starting loader thread {self.name}-w{wid} (worker_init({wid}))")
+        now.fail(exc, now.taken)
+
+    cdef _Batch claim(self, int wid, Py_ssize_t *row):
         """The batch and row this thread loads next, in sampler order; None once
         closed. A thread numbered past the target count waits (parked)."""
         cdef _Batch b
         cdef int64_t t0
+        cdef _Epochs epochs = self.epochs
         while True:
-            b = self.cur
             if self.closed:
                 return None
             if wid >= self.target:
@@ -364,105 +277,89 @@ cdef class _MapStage:
                     if not self.closed and wid >= self.target:
                         self._cv.wait(WAIT_SLICE_S)
                 continue
-            if b is not None and self.cur_row < b.n and self.epoch_of(b) is not None:
-                row[0] = self.cur_row
-                self.cur_row += 1
+            b = epochs.claim_row(row)
+            if b is not None:
                 return b
-            if self._to_open() is not None:
+            if epochs.to_open() is not None:
                 self._open_batch()
                 continue
             t0 = pf_now_ns()
             with self._cv:
-                if not self.closed and self._to_open() is None and (
-                        self.cur is None or self.cur_row >= self.cur.n or self.epoch_of(self.cur) is None):
+                if not self.closed and epochs.to_open() is None and not epochs.has_rows():
                     self._cv.wait(WAIT_SLICE_S)
             self.idle_ns += pf_now_ns() - t0
 
-    cdef _EpochBatches _to_open(self):
-        """The epoch whose next batch may open now: the current one, or once
-        it has none left to open, the next one, beside it within the window
-        and the bounds; None."""
-        cdef _EpochBatches e = self.now, a = self.after
-        cdef size_t nbytes = self.ahead.estimate
-        if e.may_open():
-            if e.open_count() < self.window and self.ahead.has_room(e.next_k, nbytes, e.open_count()):
-                return e
-        elif (e.exhausted and a is not None and a.may_open()
-                and e.open_count() + a.next_k < self.window
-                and self.ahead.has_room(e.next_k + a.next_k, nbytes, e.open_count() + a.open_count())):
-            return a
-        return None
-
-    cdef _EpochBatches epoch_of(self, _Batch b):
-        """The epoch ``b`` is of; None once that one is dropped."""
-        if b.gen == self.now.gen:
-            return self.now
-        if self.after is not None and b.gen == self.after.gen:
-            return self.after
-        return None
-
     cdef _open_batch(self):
-        cdef _EpochBatches e
         with self._lock:   # one thread reads the sampler at a time
-            e = self._to_open()
-            if e is not None and not (self.cur is not None and self.cur_row < self.cur.n
-                                      and self.epoch_of(self.cur) is not None):
-                e.open_batch(self)   # (else another thread opened one meanwhile)
+            opened = self.epochs.open_next(self.asm, self.name)
+        if not opened:
+            self.wake()   # the end of the keys, or an error (once this frame holds it no more)
 
-    cdef _laid_out(self, _Batch b, size_t nbytes):
-        """``b``'s layout is known: its bytes replace the estimate held for it."""
-        with self._cv:
-            if self.epoch_of(b) is not None:
-                self.ahead.release(b.held)
-                self.ahead.held_bytes += nbytes
-            b.held = nbytes
-            self.ahead.sized_one(nbytes)
-            self._cv.notify_all()   # an estimate now exists: more batches may open
+    cdef object key_of(self, _Batch b, Py_ssize_t row, int wid):
+        cdef _EpochBatches e = self.epochs.epoch_of(b)
+        if e is None or b.k >= e.stop_k:
+            return _SKIP
+        key = b.keys[row]
+        info = _tls.info
+        if info.epoch != e.epoch:   # the next epoch's batches may open before it starts
+            _tls.info = WorkerInfo(wid, self.target, self.seed, e.epoch)
+        # sample_rng's index: the dataset index, or the item's position for map
+        _tls.sample = (self.seed, e.epoch, b.k if self.n_keys == KEYS_ANY else key)
+        return key
 
-    cdef _row_failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what):
-        cdef _EpochBatches e = self.epoch_of(b)
+    cdef void check_key(self, key) except *:
+        if self.n_keys >= 0:
+            _check_key(key, self.n_keys)
+
+    cdef void failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what) except *:
+        cdef _EpochBatches e = self.epochs.epoch_of(b)
         self.asm.fail(b, row, wid, exc, what)
         if e is not None and not self.go_on:
             e.stop_after(b)   # no batch after it opens
 
-    cdef _row_done(self, _Batch b):
+    cdef void loaded(self, _Batch b, Py_ssize_t row, key, int wid, sample) except *:
+        cdef int64_t nbytes
+        if b.failure is not None or self.epochs.epoch_of(b) is None:
+            return
+        try:
+            nbytes = self.asm.take_sample(b, row, sample)
+        except BaseException as exc:
+            self.failed(b, row, key, wid, exc, "collating")
+            return
+        if nbytes >= 0:
+            self._sized(b, nbytes)
+
+    cdef void done(self, _Batch b) except *:
         cdef _EpochBatches e
+        cdef int64_t nbytes
         b.done += 1
         self.samples += 1
         if b.done < b.n:
             return
-        e = self.epoch_of(b)
+        e = self.epochs.epoch_of(b)
         if e is not None:
-            self.asm.finish(b)
-            if b.parts is not None and self.mode == M_CUSTOM:
-                self._laid_out(b, b.parts.nbytes)   # the collate result's real size
+            nbytes = self.asm.finish(b)
+            if nbytes >= 0:
+                self._sized(b, nbytes)
             if b.failure is not None and not self.go_on:
                 e.stop_after(b)
         b.complete = True
+        self.wake()
+
+    cdef void wake(self):
         with self._cv:
             self._cv.notify_all()
 
-    cdef _fail_thread(self, int wid, exc):
-        """worker_init raised: the epoch ends with its error (the caller wakes
-        the fetch thread once it no longer holds the error)."""
-        _add_note(exc, f"raised while starting loader thread {self.name}-w{wid} (worker_init({wid}))")
-        self.now.failure = exc
-        self.now.stop_k = min(self.now.stop_k, self.now.taken)
-
-    cdef _wake_all(self):
+    cdef _sized(self, _Batch b, uint64_t nbytes):
+        """``b``'s size is known: its bytes replace the estimate held for it."""
         with self._cv:
-            self._cv.notify_all()
+            self.epochs.ahead.resize(b, nbytes, self.epochs.epoch_of(b) is not None)
+            self._cv.notify_all()   # an estimate now exists: more batches may open
 
 
 @cython.final
 cdef class _MapEpoch(_Stage):
     """One epoch of a _MapStage, as the stage of that epoch's _Core."""
-    cdef _MapStage stage
-    cdef _EpochBatches e           # its batches (_epoch_batches.pxi)
-    # ordered=False: the numbers of the batches published, in the ring's
-    # order, so that the first `consumed` of them are those delivered (a
-    # Loader's state_dict()); empty when ordered.
-    cdef readonly list order
 
     def __cinit__(self, _MapStage stage, _EpochBatches e):
         self.stage = stage
@@ -477,20 +374,10 @@ cdef class _MapEpoch(_Stage):
         cdef _EpochBatches e = self.e
         cdef _Batch b = None
         cdef int64_t t0
-        cdef Py_ssize_t i
         while True:
-            if st.closed or e is not st.now:
+            if st.closed or e is not st.epochs.now:
                 return P_STOPPED
-            if st.ordered:
-                found = e.pending.get(e.taken)
-                if found is not None and (<_Batch>found).complete:
-                    b = <_Batch>found
-            else:
-                for found in e.pending.values():
-                    # A batch at or past stop_k had rows skipped (an earlier one failed): never handed out.
-                    if ((<_Batch>found).complete and (<_Batch>found).k < e.stop_k
-                            and (b is None or (<_Batch>found).k < b.k)):
-                        b = <_Batch>found
+            b = self._complete()
             if b is not None:
                 break
             if e.exhausted and not e.pending or e.stop_k <= e.taken:
@@ -502,39 +389,44 @@ cdef class _MapEpoch(_Stage):
                 return P_END
             t0 = pf_now_ns()
             with st._cv:
-                if e is st.now and not st.closed:
+                if e is st.epochs.now and not st.closed:
                     st._cv.wait(WAIT_SLICE_S)
             st.wait_ns += pf_now_ns() - t0
         del e.pending[b.k]
         e.taken += 1
-        with st._cv:
-            st._cv.notify_all()   # room in the window
-        _after_batch(st)          # after: the gauge's probe watches the threads at work
+        st.wake()      # room in the window
+        st.measure()   # after: the gauge's probe watches the threads at work
         if b.failure is not None:
             if not st.go_on:
                 e.stop_k = min(e.stop_k, e.taken)
             self.failure, b.failure = b.failure, None   # not kept: as the epoch's failure above
             with st._cv:
-                st.ahead.release(b.held)
+                st.epochs.ahead.release(b.held)
             return P_BATCH_FAILED if st.go_on else P_FAILED
         if not st.ordered:
             self.order.append(b.k)
-        if st.mode == M_STACK:
-            # The collated columns are the batch's leaves; only lists of
-            # other objects stay on the host.
-            parts.nodes = b.nodes
-            parts.leaves = [(<_Column>c).result() for c in b.cols]
-            parts.deliver = [i for i in range(len(b.cols)) if (<_Column>b.cols[i]).kind != C_LIST]
-            parts.nbytes = b.held
-            return P_BATCH
-        st.asm.taken(b)
-        own = b.parts
-        b.parts = None
-        parts.nodes, parts.leaves, parts.deliver, parts.nbytes = own.nodes, own.leaves, own.deliver, own.nbytes
+        st.asm.hand(b, parts)
         return P_BATCH
 
+    cdef _Batch _complete(self):
+        """The batch to publish next, if it is complete: the next in order, or
+        (ordered=False) the lowest complete one."""
+        cdef _EpochBatches e = self.e
+        cdef _Batch b = None
+        if self.stage.ordered:
+            found = e.pending.get(e.taken)
+            if found is not None and (<_Batch>found).complete:
+                return <_Batch>found
+            return None
+        for found in e.pending.values():
+            # A batch at or past stop_k had rows skipped (an earlier one failed): never handed out.
+            if ((<_Batch>found).complete and (<_Batch>found).k < e.stop_k
+                    and (b is None or (<_Batch>found).k < b.k)):
+                b = <_Batch>found
+        return b
+
     cdef void taken(self, uint64_t nbytes):
-        if self.stage.ahead.bounded():
+        if self.stage.epochs.ahead.bounded():
             self.stage.taken_by_consumer(self.e, nbytes)
 
     cdef int before_take(self) except -1:

@@ -1,27 +1,54 @@
 # _threads.pxi (included by _core.pyx): the loader threads of a map stage.
 #
-# Each runs _run: claim a row of the stage, load its sample, hand it to the
-# stage's assembly, until the stage closes; the threads hold the stage, the
-# stage holds them, nothing else does. They are started, and a thread whose worker_init failed is replaced, with no
+# Each runs _run against a small interface, _ThreadWork, that the map stage
+# implements: claim a row, load its sample, hand it on (loaded, or failed),
+# done; until the work closes. The threads count their own time inside
+# load(); they hold the work, the work holds them, nothing else does. They are started, and a thread whose worker_init failed is replaced, with no
 # lock held: Thread.start() waits for the new thread, and the main thread runs
 # signal handlers meanwhile (a SIGTERM handler may call close()). The stage's
 # condition carries the handshake with close(): no thread starts unjoined
 # after close() listed the threads it joins. Persist across epochs.
 
+cdef object _SKIP = object()   # key_of(): the row is not loaded (its batch was dropped)
+
+
+cdef class _ThreadWork:
+    """What loader threads work for: the map stage implements each method.
+    Loader threads only, GIL held; wake() from any thread."""
+
+    cdef object thread_load(self, int wid):
+        """Thread ``wid`` starts: its load(key) (set-up may raise: it leaves)."""
+        raise NotImplementedError
+
+    cdef void thread_failed(self, int wid, exc) except *:
+        """Thread ``wid``'s set-up raised ``exc``; it leaves."""
+
+    cdef _Batch claim(self, int wid, Py_ssize_t *row):
+        """The batch and row thread ``wid`` loads next (waits); None once closed."""
+        raise NotImplementedError
+
+    cdef object key_of(self, _Batch b, Py_ssize_t row, int wid):
+        """The key to load for that row, or _SKIP."""
+        raise NotImplementedError
+
+    cdef void check_key(self, key) except *:
+        """Raises for a key out of the dataset's range (that row's error)."""
+
+    cdef void failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what) except *:
+        """That row's ``exc``, raised while ``what`` ("loading", "collating")."""
+
+    cdef void loaded(self, _Batch b, Py_ssize_t row, key, int wid, sample) except *:
+        """That row's sample, on the thread that loaded it."""
+
+    cdef void done(self, _Batch b) except *:
+        """A row of ``b`` is finished (loaded, failed or skipped)."""
+
+    cdef void wake(self):
+        """Wake whoever waits on the work."""
+
+
 @cython.final
 cdef class _LoaderThreads:
-    cdef object name               # the loader's: threads are "<name>-w<number>"
-    cdef object _cv                # the stage's condition (re-entrant)
-    cdef list _threads             # the threads close() joins
-    cdef list _gone                # per thread number: its thread has left (worker_init failed)
-    cdef list _starters            # idents of the threads inside ensure()'s Thread.start()
-    cdef bint _listed              # close() has taken the list of threads it joins
-    cdef bint closed
-    cdef readonly int count        # thread numbers in use (started, or gone and replaced later)
-    cdef list busy_since           # per thread: pf_now_ns() when its load began, 0 when idle
-    cdef list busy_key             # per thread: the key it loads
-    cdef list clocks               # per thread: its CPU clock id (None: none), for the gauge
-    cdef list tids                 # per thread: its kernel thread id (None: not started), for the gauge
 
     def __cinit__(self, name, cv):
         self.name = name
@@ -34,7 +61,7 @@ cdef class _LoaderThreads:
         self.clocks = []
         self.tids = []
 
-    cdef void ensure(self, int n, _MapStage stage) except *:
+    cdef void ensure(self, int n, _ThreadWork work) except *:
         """Threads numbered 0 .. n - 1 load for ``stage``: the missing ones
         start, each number once per call (a replacement whose worker_init
         fails again is replaced by the next call, not by this one)."""
@@ -63,7 +90,7 @@ cdef class _LoaderThreads:
             t = None
             join = False
             try:
-                t = threading.Thread(target=self._run, args=(stage, wid), name=f"{self.name}-w{wid}",
+                t = threading.Thread(target=self._run, args=(work, wid), name=f"{self.name}-w{wid}",
                                      daemon=True)
                 t.start()
             finally:
@@ -78,83 +105,59 @@ cdef class _LoaderThreads:
             if join and t is not None:
                 _join_or_warn((t,), CLOSE_GRACE_S, f"loader {self.name!r}", _inside_dataset)
 
-    def _run(self, _MapStage st, int wid):
+    def _run(self, _ThreadWork work, int wid):
         """Loader thread ``wid``: claim a row, load its sample, hand it to the
-        stage's assembly, mark it done; until the stage closes."""
+        work, until the work closes. Its time inside load() is counted here."""
         cdef _Batch b
-        cdef _EpochBatches e
         cdef Py_ssize_t row = 0
         cdef int64_t t0
-        cdef size_t layout_bytes = 0
-        cdef Py_ssize_t epoch = st.now.epoch
         cdef unsigned fork_epoch = pf_fork_epoch()
-        _tls.info = WorkerInfo(wid, st.target, st.seed, epoch)
-        _tls.stage = st
+        _tls.stage = work
         self.clocks[wid] = _this_thread_clock()
         self.tids[wid] = threading.get_native_id()
         try:
-            failed = False
-            load = st.load
             try:
-                for apply in st.on_thread:
-                    apply()
-                if st.per_thread is not None:
-                    load = st.per_thread(wid)   # this thread's own dataset, before worker_init
-                if st.worker_init is not None:
-                    st.worker_init(wid)
+                load = work.thread_load(wid)
             except BaseException as exc:
-                st._fail_thread(wid, exc)
-                failed = True
-            if failed:
-                self.gone(wid)   # the next _set_threads starts another in its place
+                work.thread_failed(wid, exc)
+                load = None
+            if load is None:
+                self.gone(wid)   # the next ensure() starts another in its place
                 # Woken only now that this frame holds the error no more: the
                 # consumer's frames join its traceback once it is raised there.
-                st._wake_all()
+                work.wake()
                 return
             while True:
                 b = None   # not held while this thread waits: it may be dropped meanwhile
-                b = st._claim(wid, &row)
+                b = work.claim(wid, &row)
                 if b is None:
                     return
-                key = b.keys[row]
-                e = st.epoch_of(b)
-                if e is None or b.k >= e.stop_k:
-                    st._row_done(b)   # dropped, or an earlier batch failed: never taken
+                key = work.key_of(b, row, wid)
+                if key is _SKIP:
+                    work.done(b)   # dropped, or an earlier batch failed: never taken
                     continue
-                if epoch != e.epoch:   # the next epoch's batches may open before it starts
-                    epoch = e.epoch
-                    _tls.info = WorkerInfo(wid, st.target, st.seed, epoch)
-                e = None
-                # sample_rng's index: the dataset index, or the item's position for map
-                _tls.sample = (st.seed, epoch, b.k if st.n_keys == KEYS_ANY else key)
                 t0 = pf_now_ns()
                 self.busy(wid, key, t0)
                 sample = None
                 try:
-                    if st.n_keys >= 0:
-                        _check_key(key, st.n_keys)
+                    work.check_key(key)
                     sample = load(key)
                 except BaseException as exc:
                     if fork_epoch != pf_fork_epoch():
                         raise   # in a child forked inside load: its own exception (sys.exit())
-                    st._row_failed(b, row, key, wid, exc, "loading")
+                    work.failed(b, row, key, wid, exc, "loading")
                 if fork_epoch != pf_fork_epoch():
                     # load(key) forked and this is the child, on this thread's
-                    # stack: the stage, its locks and the pool belong to the
+                    # stack: the work, its locks and the pool belong to the
                     # parent's threads. Touch none of them; this thread, the
                     # child's only one, ends here, and the child with it.
                     return
-                st.load_ns += pf_now_ns() - t0
+                self.load_ns += pf_now_ns() - t0
                 self.busy(wid, None, 0)
                 _tls.sample = None
-                if b.failure is None and st.epoch_of(b) is not None:
-                    try:
-                        if st.asm.take_sample(b, row, sample, &layout_bytes):
-                            st._laid_out(b, layout_bytes)
-                    except BaseException as exc:
-                        st._row_failed(b, row, key, wid, exc, "collating")
+                work.loaded(b, row, key, wid, sample)
                 sample = None   # before the next load: a dataset may check its buffer is free
-                st._row_done(b)
+                work.done(b)
         finally:
             _tls.info = None
             _tls.stage = None

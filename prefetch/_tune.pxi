@@ -14,27 +14,9 @@
 # (stats().tune_reason); a failed trial asks the gauge (_gauge.pxi) whether its
 # threads took turns on the GIL. Publisher thread only.
 
-cdef enum:
-    RECENT = 3   # windows at the current count a trial is measured against
 
 @cython.final
 cdef class _Tuner:
-    cdef int max_threads           # the most threads a trial may reach
-    cdef double cpus               # CPUs the process may use
-    cdef int ceiling               # no trial above this (lowered by a failed trial)
-    cdef int retry                 # windows until the ceiling is lifted again
-    cdef int trial_from            # the count before the trial running, or 0
-    cdef double trial_rate         # samples/s before the trial: the best of the recent windows
-    cdef double trial_low          # the trial's slowest window so far
-    cdef int trial_windows         # windows measured in the trial
-    cdef double recent[RECENT]     # samples/s of the last windows at the current count
-    cdef int n_recent
-    cdef int64_t t0                # the window's start; 0: the next batch starts one
-    cdef int64_t wait0             # the publisher's wait at the window's start
-    cdef double cpu0               # process CPU time at the window's start
-    cdef uint64_t samples0
-    cdef Py_ssize_t batches        # batches in the window
-    cdef readonly str reason       # why the count is not growing now ("" before the first window)
 
     def __cinit__(self, int max_threads, double cpus):
         self.max_threads = max_threads
