@@ -90,11 +90,8 @@ cdef class _Assembly:
         fails with the error of its lowest failed row."""
         key = b.keys[row]
         exc = _stop_as_error(exc, f"{what} sample {key!r}")
-        try:
-            _add_note(exc, f"raised in loader thread {self.name}-w{wid} while {what} sample {key!r}, "
-                           f"row {row + 1} of batch {b.k + 1} (counted from 1)")
-        except Exception:
-            pass   # an exception type that refuses notes is still delivered
+        _note_batch(exc, f"in loader thread {self.name}-w{wid}", f"{what} sample {key!r}, row {row + 1} of {{batch}}",
+                    b.k + 1)
         if b.failure is None or row < b.fail_row:
             b.failure = exc
             b.fail_row = row
@@ -203,8 +200,7 @@ cdef class _CustomAssembly(_OwningAssembly):
             result = self.collate(samples)
         except BaseException as exc:
             failure = _stop_as_error(exc, "the collate function")
-            _add_note(failure, f"raised by the collate function of loader {self.name!r} on batch "
-                               f"{b.k + 1} (counted from 1)")
+            _note_batch(failure, f"by the collate function of loader {self.name!r}", "collating {batch}", b.k + 1)
             b.failure = failure
             failure = None
         samples = None   # the result is then its only holder when collate built it afresh
@@ -212,8 +208,8 @@ cdef class _CustomAssembly(_OwningAssembly):
             try:
                 nbytes = self._own(result, b)   # before this thread loads again
             except BaseException as exc:
-                _add_note(exc, f"raised in a thread of loader {self.name!r} while copying the "
-                               f"collate result of batch {b.k + 1} (counted from 1)")
+                _note_batch(exc, f"in a thread of loader {self.name!r}", "copying the collate result of {batch}",
+                            b.k + 1)
                 b.failure = exc
         result = None
         return nbytes

@@ -7,12 +7,12 @@
 # loaded it, before that thread loads another (a dataset may refill one buffer
 # per thread): the collate is the copy, and no stack follows. Rows of at least
 # NOGIL_MIN_BYTES are copied without the GIL. When row 0 finishes after
-# another sample, _MapStage._settle compares it with the columns and names
-# the sample that differs from row 0 (the error path only). A dict's key
+# another sample, _StackAssembly._settle (_stack.pxi) compares it with the
+# columns and names the sample that differs from row 0 (the error path only). A dict's key
 # order is not its structure (_align maps a sample's leaves onto the batch's),
 # and an ndarray subclass (np.memmap) is stacked as a plain array.
-# Loader threads only: a batch's columns are made under the stage's lock, and
-# each row is written by one thread.
+# Loader threads only: a batch's columns are made under the assembly's lock,
+# and each row is written by one thread.
 
 from libc.string cimport memcpy
 

@@ -110,23 +110,24 @@ cdef class CopyPlan(_LeafSink):
             self.device = device
             del self._copying[key]
 
-    def _array_at(self, keep, Py_ssize_t address, shape, cnp.dtype dtype not None):
+    def array_at(self, keep, Py_ssize_t address, shape, cnp.dtype dtype not None):
         """``array`` for memory numpy has no view of: a fresh C-contiguous
         pool-backed array of ``shape`` and ``dtype``, whose bytes are copied
         later in this batch from the C-contiguous memory at ``address``, which
-        ``keep`` keeps valid until then. For the adapters in this package only
-        (the address is trusted): where making a numpy view of a framework's
+        ``keep`` keeps valid until then. The seam of this package's own
+        framework adapters, not of the public adapter API:
+        the address is trusted. Where making a numpy view of a framework's
         small array costs more than its copy."""
         cdef cnp.npy_intp dims[64]   # NPY_MAXDIMS of numpy 2
         cdef int i, nd = len(shape)
         cdef size_t nbytes = <size_t>dtype.itemsize
         if nd > 64:
-            raise ValueError(f"CopyPlan._array_at: {nd} dimensions, numpy allows 64")
+            raise ValueError(f"CopyPlan.array_at: {nd} dimensions, numpy allows 64")
         for i in range(nd):
             dims[i] = shape[i]
             nbytes *= <size_t>dims[i]
         if nbytes and not address:
-            raise ValueError("CopyPlan._array_at: no memory at address 0")
+            raise ValueError("CopyPlan.array_at: no memory at address 0")
         out = _pooled_array(self._pool, <cnp.PyArray_Descr *>dtype, nd, dims, nbytes)
         self.nbytes += nbytes
         if nbytes:

@@ -219,7 +219,7 @@ cdef class _FetchStage(_Stage):
 cdef class _Gauge:
     cdef object name               # the stage's, for the notice
     cdef object what               # what the threads call: "dataset[i]", "the mapped function"
-    cdef public object remedy      # the notice's advice on processes (a drop-in may name its framework's)
+    cdef object remedy             # the notice's advice on processes (a drop-in may name its framework's)
     cdef int64_t t0                # the window's start; 0: the next batch starts one
     cdef int64_t busy0             # the threads' time inside load() at the window's start
     cdef double cpu0               # their CPU time then
@@ -234,7 +234,7 @@ cdef class _Gauge:
     cdef bint last_serialized      # the last window's verdict, and its thread count
     cdef int last_threads
     cdef double last_busy, last_par
-    cdef public bint noticed       # the notice was made (it is given once; a drop-in whose loader
+    cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
 
@@ -472,7 +472,7 @@ cdef class _MapStage(_ThreadWork):
     cdef _Assembly asm             # what becomes of each sample (_assemble.pxi)
     cdef object name
     cdef object worker_init        # worker_id -> None, on each thread before its first sample
-    cdef public object per_thread  # worker_id -> that thread's load (a dataset of its own), or None
+    cdef object per_thread         # worker_id -> that thread's load (a dataset of its own), or None
     cdef tuple on_thread           # applied on each thread first: the creator's framework modes
     cdef public object seed        # of sample_rng(); a resumed loader may adopt a saved one between epochs
     cdef bint ordered
@@ -483,7 +483,7 @@ cdef class _MapStage(_ThreadWork):
     cdef int target                # threads that claim work; more may be parked (workers="auto")
     cdef Py_ssize_t rows           # rows per batch, for the window
     cdef _Tuner tuner              # workers="auto"; None: a fixed count
-    cdef readonly _Gauge gauge     # do the threads run in parallel (_gauge.pxi)
+    cdef _Gauge gauge              # do the threads run in parallel (_gauge.pxi)
     cdef int depth                 # the ring's, for the pool's keep
     cdef _Epochs epochs            # the epochs, what opens when, the bounds (_epoch_batches.pxi)
     cdef bint closed

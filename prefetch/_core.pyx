@@ -96,11 +96,11 @@ _DOING = {
     DOING_REBUILD: "rebuilding a batch",
     DOING_DONE: "finished",
 }
-# The note of an error raised while the publisher works on batch {0}.
+# What the publisher was doing to a batch whose error it publishes (_note_batch).
 _FAILED_WHILE = {
-    DOING_STAGE: "assembling batch {0}",
-    DOING_DELIVER: "delivering batch {0} to the device",
-    DOING_REBUILD: "rebuilding batch {0} (a registered container's unflatten)",
+    DOING_STAGE: "assembling {batch}",
+    DOING_DELIVER: "delivering {batch} to the device",
+    DOING_REBUILD: "rebuilding {batch} with a registered container's unflatten",
 }
 
 cdef object _END = object()        # the slot after the last batch
@@ -200,10 +200,9 @@ cdef class _Publisher:
                         raise   # a forked child on this thread's stack: its own exit
                     parts.clear()
                     if not self.closed:
-                        self._publish(slot, _Failure(_noted(exc, (
-                            f"raised in {self.kind} {self.name!r} while "
-                            f"{_FAILED_WHILE[self._doing].format(self._produced + 1)} (counted "
-                            f"from 1: the {self._produced} before it are delivered first)"))), 0, False)
+                        self._publish(slot, _Failure(_note_batch(
+                            exc, "in " + _publisher_name(self.kind, self.name), _FAILED_WHILE[self._doing],
+                            self._produced + 1, True)), 0, False)
                     return
                 if got == P_STOPPED:
                     return
@@ -255,9 +254,9 @@ cdef class _Publisher:
             for apply in on_thread:
                 apply()
         except BaseException as exc:
-            self._stage.failure = _noted(exc, f"raised in {self.kind} {self.name!r} while applying "
-                                              "the creating thread's framework settings, before "
-                                              "batch 1 (counted from 1)")
+            self._stage.failure = _note_batch(exc, "in " + _publisher_name(self.kind, self.name),
+                                              "applying the creating thread's framework settings, "
+                                              "before {batch}", 1)
             return P_FAILED
         return self._stage.produce(self._parts)
 

@@ -142,9 +142,10 @@ cdef class _Epochs:
     """The current epoch, the next one opened early, the batch whose rows are
     claimed next, and the window: what opens when. Under the stage's locks."""
 
-    def __cinit__(self, uint64_t max_bytes):
+    def __cinit__(self, uint64_t max_bytes, Py_ssize_t lookahead):
         self.now = _EpochBatches(0, 0, None, None)
         self.ahead = _Ahead(max_bytes)
+        self.ahead.lookahead = max(lookahead, 0)
 
     cdef unsigned long new_gen(self):
         self.last_gen += 1
@@ -152,8 +153,9 @@ cdef class _Epochs:
 
     cdef _EpochBatches begin(self, Py_ssize_t epoch, order):
         """Epoch ``epoch`` begins (the current one is dropped): the one opened
-        early where ``order`` names it, else a new one, whose keys the caller
-        gives once the threads run (set_keys)."""
+        early where ``order`` names it (the loader's own order; None: not
+        known ahead), else a new one, whose keys the caller gives once the
+        threads run (set_keys)."""
         cdef _EpochBatches e
         self.now.drop()
         e = self.after
@@ -257,8 +259,7 @@ cdef class _Epochs:
             if e is self.after:
                 self.drop_after()
             elif e is self.now:
-                _add_note(exc, f"raised by the sampler of loader {name!r} while giving the "
-                               f"indices of batch {k + 1} (counted from 1)")
+                _note_batch(exc, f"by the sampler of loader {name!r}", "giving the indices of {batch}", k + 1)
                 e.fail(exc, k)
             exc = None
         if keys is None or not (e is self.now or e is self.after):   # (dropped while the sampler ran)

@@ -1,5 +1,5 @@
 # _errors.pxi (included by _core.pyx): C return codes -> exceptions, and the
-# note a source's exception carries to the consumer (SPEC §4).
+# one note an exception raised for a batch carries to the consumer (SPEC §4).
 
 cdef class _Failure:
     """An exception from a stage, in the slot where its batch would be; the
@@ -38,6 +38,22 @@ def _add_note(exc, note):
             notes = []
         notes.append(note)
         exc.__notes__ = notes
+
+
+cdef str _publisher_name(str kind, name):
+    """The one name, in notes, of the thread that publishes a prefetcher's or a
+    loader's batches: a Prefetcher's is its prefetch worker, a Loader's the loader."""
+    return f"prefetch worker {name!r}" if kind == "prefetcher" else f"loader {name!r}"
+
+
+cdef object _note_batch(exc, str who, str doing, Py_ssize_t batch, bint in_order=False):
+    """``exc`` with the one note every error raised for a batch carries: who
+    raised it ("in loader thread l-w0", "by the sampler of loader 'l'"),
+    doing what to batch ``batch`` (counted from 1; ``doing`` names it as
+    {batch}: "loading sample 7, row 2 of {batch}"). ``in_order``: the batches
+    before it are delivered first, and the note says so."""
+    tail = f": the {batch - 1} before it are delivered first" if in_order else ""
+    return _noted(exc, f"raised {who} while {doing.format(batch=f'batch {batch}')} (counted from 1{tail})")
 
 
 cdef object _noted(exc, str note):

@@ -39,9 +39,8 @@ cdef class _FetchStage(_Stage):
         except BaseException as exc:
             if self._fork_epoch != pf_fork_epoch():
                 raise   # in a child forked inside the source: its own exception (sys.exit())
-            self.failure = _noted(exc, f"raised in prefetch worker {self.name!r} while fetching "
-                                       f"batch {self._fetched + 1} (counted from 1: the "
-                                       f"{self._fetched} before it are delivered first)")
+            self.failure = _note_batch(exc, "in " + _publisher_name("prefetcher", self.name),
+                                       "fetching {batch}", self._fetched + 1, True)
             return P_FAILED
         if self._fork_epoch != pf_fork_epoch():
             # The source forked and this is the child, on the worker's stack:
@@ -56,9 +55,8 @@ cdef class _FetchStage(_Stage):
         except BaseException as exc:
             if self._stopped:
                 return P_STOPPED   # close() took the pool away
-            self.failure = _noted(exc, f"raised in prefetch worker {self.name!r} while copying "
-                                       f"batch {self._fetched + 1} (counted from 1: the "
-                                       f"{self._fetched} before it are delivered first)")
+            self.failure = _note_batch(exc, "in " + _publisher_name("prefetcher", self.name),
+                                       "copying {batch}", self._fetched + 1, True)
             return P_FAILED
         # The source's object goes before the next next(source): a source
         # that refills one buffer may check that it is free.

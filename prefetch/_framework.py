@@ -1,5 +1,10 @@
-"""The Loader behind a framework's DataLoader drop-in (in the adapter
-folders): what the drop-ins share, so each fix lands once.
+"""The seams a framework's drop-in stands on (in the adapter folders): what
+the drop-ins share, so each fix lands once, and everything they may ask of
+the Loader. A drop-in translates its framework's arguments, supplies the
+framework's sampler and worker idioms and its state's framework parts;
+everything else is the Loader's. It reads no private attribute of the
+Loader's objects: what it needs is declared here or on the epoch iterator
+(``failed_batches``, ``running``, ``stop()``).
 
 A drop-in reads its framework's sampler where the framework reads it and
 gives the Loader the epoch's index lists as its ``batch_sampler``. The
@@ -13,10 +18,30 @@ points to the framework's own process loader.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from prefetch._core import MAP_KEYS_UNCHECKED
-from prefetch.loader import Loader
+from prefetch.loader import Loader, _Mapped
+
+
+class _ThreadLoad:
+    """A map stage's per-thread hook: called once on each loader thread
+    (before ``worker_init``), it gives that thread's ``load``, the
+    ``__getitem__`` of ``per_thread(dataset, worker_id)``. It holds no
+    reference to the loader, which the threads must not keep alive."""
+
+    __slots__ = ("per_thread", "dataset")
+
+    def __init__(self, per_thread: Callable[[Any, int], Any], dataset: Any) -> None:
+        self.per_thread = per_thread
+        self.dataset = dataset
+
+    def __call__(self, worker_id: int) -> Callable[[Any], Any]:
+        return self.per_thread(self.dataset, worker_id).__getitem__  # type: ignore[no-any-return]
+
+
+def _remedy(framework_loader: str) -> str:
+    return f"{framework_loader} (processes), wrapped in prefetch.Prefetcher to keep the same batch guarantees"
 
 
 class FrameworkLoader(Loader):  # type: ignore[type-arg]
@@ -24,20 +49,32 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
     ``remedy``: the framework's process loader, named in the GIL warning.
     ``per_thread``: (dataset, worker_id) -> that thread's dataset, where the
-    threads cannot share it (a RecordIO reader with its own position).
-    ``lookahead``: at most that many batches opened and not yet taken (a
-    framework's ``prefetch_factor * num_workers``; 0: the Loader's own
-    bounds only). ``go_on``: a batch whose sample or collate raised is that
-    batch's error and the epoch goes on, as some frameworks' loaders do."""
+    threads cannot share it (a copy of its own, as each worker process
+    holds). ``lookahead``: at most that many batches opened and not yet
+    taken (a framework's ``prefetch_factor * num_workers``; 0: the Loader's
+    own bounds only). ``go_on``: a batch whose sample or collate raised is
+    that batch's error and the epoch goes on, as some frameworks' loaders
+    do. ``gil_noticed``: the GIL warning was given already (by this
+    drop-in's loader of an earlier epoch): it is not given again."""
 
     def __init__(self, dataset: Any, *, remedy: str, per_thread: Optional[Callable[[Any, int], Any]] = None,
-                 lookahead: int = 0, go_on: bool = False, **kwargs: Any) -> None:
-        self._per_thread = per_thread
+                 lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False, **kwargs: Any) -> None:
+        self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
+                           per_thread=None if per_thread is None else _ThreadLoad(per_thread, dataset))
         super().__init__(dataset, **kwargs)
-        stage = self._stage
-        stage.gauge.remedy = f"{remedy} (processes), wrapped in prefetch.Prefetcher to keep the same batch guarantees"
-        stage.set_lookahead(lookahead)
-        stage.set_continue_after_failure(go_on)
+
+    def _stage_hooks(self) -> dict[str, Any]:
+        return self._hooks
+
+    @property
+    def gil_noticed(self) -> bool:
+        """The GIL warning was given (or was already, by ``gil_noticed=``)."""
+        return bool(self._stage.gil_noticed)
+
+    @property
+    def next_epoch(self) -> int:
+        """The number of the epoch the next ``iter()`` starts."""
+        return self._epoch
 
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         batches, _, rows = super()._keys(epoch)
@@ -49,3 +86,22 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
     def _order_batches(self, plan: Any) -> Iterator[list[Any]]:
         return plan.batches()  # type: ignore[no-any-return]
+
+
+def _each_thread_has_its_own(task: Any) -> Any:
+    raise AssertionError("each loader thread runs its own load")   # per_thread replaces it
+
+
+class FrameworkMap(_Mapped):  # type: ignore[type-arg]
+    """``prefetch.map`` over a drop-in's tasks whose thread w runs
+    ``per_thread(w)`` (a function task -> result: that worker's own work),
+    results as they complete, at most ``lookahead`` opened and not yet taken."""
+
+    def __init__(self, tasks: Iterable[Any], *, per_thread: Callable[[int], Callable[[Any], Any]],
+                 lookahead: int, workers: int, depth: int, timeout: Optional[float], name: Optional[str],
+                 device: Any = None) -> None:
+        self._hooks = dict(per_thread=per_thread, lookahead=lookahead)
+        super().__init__(_each_thread_has_its_own, tasks, workers, False, depth, timeout, name, None, device=device)
+
+    def _stage_hooks(self) -> dict[str, Any]:
+        return self._hooks

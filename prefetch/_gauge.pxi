@@ -156,11 +156,14 @@ cdef inline int64_t _clock_ns(clockid_t clock) noexcept nogil:
 @cython.final
 cdef class _Gauge:
 
-    def __cinit__(self, name):
+    def __cinit__(self, name, remedy=None, bint noticed=False):
+        """``remedy``: a drop-in's framework loader, named in the notice;
+        ``noticed``: the notice was given already (by a drop-in's earlier loader)."""
         self.name = name
         self.what = "dataset[i]"
-        self.remedy = ("a process-based loader (one whose workers are processes), wrapped in "
-                       "prefetch.Prefetcher to keep the same batch guarantees")
+        self.remedy = remedy or ("a process-based loader (one whose workers are processes), wrapped in "
+                                 "prefetch.Prefetcher to keep the same batch guarantees")
+        self.noticed = noticed
 
     cdef void restart(self, bint mapped):
         """A new epoch (``mapped``: of prefetch.map, whose threads call a

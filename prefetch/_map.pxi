@@ -1,23 +1,27 @@
 # _map.pxi (included by _core.pyx): the map stage behind prefetch.Loader and
 # prefetch.map.
 #
-# Loader threads claim rows in sampler order, call load(key) (dataset[key],
-# or fn(item)) concurrently, and collate each sample into its batch's row
-# (_collate.pxi) before claiming the next; without the default collate, the
-# sample (or a collate=f result) is copied by that thread (a _BatchCopy of its
-# own) before it claims the next. So every batch is the stage's own (a dataset
-# may refill one buffer per thread). Each epoch is a _MapEpoch, the stage
-# (_stage.pxi) of that epoch's _Core: the core's publisher takes whole
-# batches from it as parts; the loader threads never touch the ring.
-# Memory is bounded: batches open at most `window` ahead of the last one
-# taken, and with max_bytes, the bytes of the batches open and those not yet
-# taken by the consumer stay under it (one batch may exceed it alone).
-# Threads persist across epochs; each epoch's batches (_epoch_batches.pxi)
-# have a generation of their own, and work of a dropped one is dropped: the
-# next epoch may open before the current one ends. Every field is read and written
-# with the GIL held; `_lock` serialises reading the sampler and laying out a
-# batch, `_cv` carries the wake-ups (a batch completed, room in the window, a
-# new epoch, close). Every wait is a timed slice that re-checks close().
+# Loader threads (_threads.pxi) claim rows in sampler order, call load(key)
+# (dataset[key], or fn(item)) concurrently, and hand each sample to the
+# stage's assembly (_assemble.pxi: one per batching mode) before claiming
+# the next: the default collate copies it into its batch's row, collate=f
+# and no batching copy what they hand on on that thread. So every batch is
+# the stage's own (a dataset may refill one buffer per thread). Each epoch
+# is a _MapEpoch, the stage (_stage.pxi) of that epoch's _Core: the core's
+# publisher takes whole batches from it as parts; the loader threads never
+# touch the ring. The stage calls its parts and none calls it back: the
+# epochs and the bounds (_epoch_batches.pxi) open batches and say what may
+# open; the threads work against _ThreadWork, which the stage implements;
+# after each batch taken the stage asks the gauge (_gauge.pxi), then the
+# tuner (_tune.pxi). Memory is bounded: batches open at most `window`
+# ahead of the last one taken, and with max_bytes, the bytes of the batches
+# open and those not yet taken by the consumer stay under it (one batch may
+# exceed it alone). Threads persist across epochs; each epoch's batches have
+# a generation of their own, and work of a dropped one is dropped: the next
+# epoch may open before the current one ends. Every field is read and
+# written with the GIL held; `_lock` serialises reading the sampler, `_cv`
+# carries the wake-ups (a batch completed, room in the window, a new epoch,
+# close). Every wait is a timed slice that re-checks close().
 
 # A stage's key range (n_keys) when keys are not dataset indices to check:
 cdef enum:
@@ -96,8 +100,14 @@ cdef class _MapStage(_ThreadWork):
     loaders' side of _ThreadWork, and the calls the Loader makes."""
 
     def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
-                  int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0):
+                  int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0, *, per_thread=None,
+                  Py_ssize_t lookahead=0, bint go_on=False, remedy=None, bint gil_noticed=False):
+        """A drop-in's hooks (prefetch/_framework.py): each thread's own load,
+        the batches opened and not yet consumed at most, a batch's error that
+        the epoch goes on after, the GIL notice's remedy, already given."""
         self.load = load
+        self.per_thread = per_thread
+        self.go_on = go_on
         self.asm = _assembly_for(mode, collate, pool, delivery, name)
         self.name = name
         self.worker_init = worker_init
@@ -109,9 +119,9 @@ cdef class _MapStage(_ThreadWork):
         # Re-entrant: a signal handler may call close() while its thread holds it.
         self._cv = threading.Condition(threading.RLock())
         self.crew = _LoaderThreads(name, self._cv)
-        self.epochs = _Epochs(max_bytes)
+        self.epochs = _Epochs(max_bytes, lookahead)
         self.n_keys = KEYS_ANY
-        self.gauge = _Gauge(name)
+        self.gauge = _Gauge(name, remedy, gil_noticed)
 
     # -- the Loader's calls (consumer side, GIL held) --------------------------
 
@@ -124,11 +134,8 @@ cdef class _MapStage(_ThreadWork):
                     Py_ssize_t batch_rows, order=None, following=None):
         """Begins epoch ``epoch`` over ``batches`` (an iterator of lists of
         keys) on ``threads`` threads (auto: as many as the last epoch ended
-        with); returns the stage of its _Core. ``order`` names the epoch's
-        order where the loader gives it (None: not known ahead): the epoch
-        opened early is adopted when it is that one. ``following``, (order,
-        epoch, batches) of the epoch after it where known, opens once this
-        one has no batch left to open."""
+        with); returns the stage of its _Core. ``order`` and ``following``:
+        see _Epochs.begin and set_keys."""
         cdef _EpochBatches e
         if self.tuner is not None:
             threads = max(self.target, 1)
@@ -169,23 +176,6 @@ cdef class _MapStage(_ThreadWork):
         self.rows = batch_rows
         self.crew.ensure(threads, self)
 
-    def set_lookahead(self, Py_ssize_t batches):
-        """At most ``batches`` batches of an epoch are opened and not yet taken
-        by the consumer (0: no cap beyond the window and the ring): a
-        framework loader's bound on work done ahead (workers times a
-        prefetch factor)."""
-        with self._cv:
-            self.epochs.ahead.lookahead = max(batches, 0)
-            self._cv.notify_all()
-
-    def set_continue_after_failure(self, bint go_on):
-        """With ``go_on``, a batch whose sample or collate raised is that
-        batch's error and the epoch goes on with the next batch, as a
-        framework's loader does; the sampler's error and a thread's
-        worker_init error still end the epoch. Set between epochs."""
-        with self._cv:
-            self.go_on = go_on
-
     def abandon(self, _EpochBatches e):
         """Ends epoch ``e`` early (its core is closing): work of it is dropped
         (not the next epoch's: it still follows)."""
@@ -213,6 +203,11 @@ cdef class _MapStage(_ThreadWork):
         """Thread numbers in use."""
         return self.crew.count
 
+    @property
+    def gil_noticed(self):
+        """The GIL notice was made (or given before this stage, gil_noticed=)."""
+        return self.gauge.noticed
+
     def describe(self):
         """What the threads are doing, for a TimeoutError."""
         return "waiting for its loader threads: " + self.crew.describe()
@@ -224,10 +219,8 @@ cdef class _MapStage(_ThreadWork):
             self._cv.notify_all()
 
     cdef void measure(self) except *:
-        """After each batch the publisher takes: the gauge's window, then
-        workers="auto"'s (which reads the gauge's verdict on its window: both
-        close together); a new thread count starts a new window of each. The
-        gauge and the tuner are asked; they call nothing back."""
+        """After each batch taken: the gauge's window, then the tuner's, which
+        reads the gauge's verdict on it; a new thread count starts new ones."""
         cdef int threads
         cdef int64_t now = pf_now_ns()
         cdef _LoaderThreads crew = self.crew
@@ -257,10 +250,9 @@ cdef class _MapStage(_ThreadWork):
         return load
 
     cdef void thread_failed(self, int wid, exc) except *:
-        """worker_init raised: the epoch ends with its error (the thread wakes
-        the publisher once it no longer holds the error)."""
+        """The epoch ends with the error (the thread wakes the publisher)."""
         cdef _EpochBatches now = self.epochs.now
-        _add_note(exc, f"raised while starting loader thread {self.name}-w{wid} (worker_init({wid}))")
+        _noted(exc, f"raised while starting loader thread {self.name}-w{wid} (worker_init({wid}))")
         now.fail(exc, now.taken)
 
     cdef _Batch claim(self, int wid, Py_ssize_t *row):

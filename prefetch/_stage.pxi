@@ -35,8 +35,10 @@ cdef class _Parts:
 
 
 cdef class _Stage:
-    """What a stage offers its publisher (the _Core). Subclasses override
-    every method but the counters."""
+    """What a stage offers its publisher (the _Core). A stage overrides
+    produce(); the other methods do nothing (or say "producing") unless it
+    needs them. Anything produce() raises is that batch's error (the
+    publisher notes it and ends the stream with it)."""
 
     cdef int produce(self, _Parts parts) except -1:
         """The next batch in ``parts`` (P_BATCH), or P_END, P_FAILED, P_BATCH_FAILED, P_STOPPED."""

@@ -134,13 +134,19 @@ def register_collate(cls: type, as_numpy: Callable[[Any], Any], from_numpy: Call
 _device_types: dict[type, Callable[[Any], Delivery]] = {}
 
 
-def register_device(cls: type, open: Callable[[Any], Delivery]) -> None:
+def register_device(cls: type, open: Callable[[Any], Delivery], *,
+                    hint: Optional[Callable[[str], Optional[str]]] = None) -> None:
     """Accept ``device=`` values of type ``cls``: ``open(device)`` is called once
     per prefetcher, in its constructor, validates the device (raising
-    ``TypeError``/``ValueError`` that name it) and returns a :class:`Delivery`."""
+    ``TypeError``/``ValueError`` that name it) and returns a :class:`Delivery`.
+    ``hint(name)``: for ``device=`` given as a string ("cuda:0"), which is
+    refused, what of ``cls`` to pass instead, or None."""
     _check_type("cls", cls)
     _check_callable("open", open)
+    _check_callable("hint", hint, optional=True)
     _device_types[cls] = open
+    if hint is not None and hint not in _device_hints:
+        _device_hints.append(hint)
 
 
 _thread_states: list[Callable[[], Optional[Callable[[], None]]]] = []
@@ -226,7 +232,7 @@ def _import_adapter(framework: str) -> bool:
         return True
 
 
-# Adapters add a hint here for a device named by a string: hint(name) -> what to pass instead, or None.
+# register_device's hints, for a device named by a string: hint(name) -> what to pass instead, or None.
 _device_hints: list[Callable[[str], Optional[str]]] = []
 
 

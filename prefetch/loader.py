@@ -97,6 +97,30 @@ class _Epoch(_Iterator, Generic[T]):
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]
 
+    # What a drop-in's iterator asks of its epoch (prefetch/_framework.py):
+
+    @property
+    def failed_batches(self) -> int:
+        """Batch errors raised by next(), the epoch going on after each (a
+        drop-in's continue policy): a next() that raised and changed it
+        raised that batch's error, not the epoch's end."""
+        return self._epoch_core().failed
+
+    @property
+    def running(self) -> bool:
+        """The epoch has not ended, failed or been closed."""
+        return self._epoch_core().state == "running"
+
+    def stop(self) -> None:
+        """The epoch ends here (a drop-in's pass dropped before its end): its
+        loading stops, and a next() on it ends it (StopIteration)."""
+        self._epoch_core().end_replaced()
+
+    def _epoch_core(self) -> _Core:
+        core = self._core
+        assert core is not None   # an epoch iterator is made with its core
+        return core
+
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
         def __iter__(self) -> "_Epoch[T]": ...
@@ -108,6 +132,12 @@ class _Threaded(_Lifecycle):
 
     _kind = "loader"
     _epoch = 0
+
+    def _stage_hooks(self) -> dict[str, Any]:
+        """What a drop-in gives its map stage (prefetch/_framework.py): each
+        thread's own load, a lookahead, its failure policy, the GIL notice's
+        remedy and whether it was given. None here."""
+        return {}
 
     def _setup(self, load: Callable[[Any], Any], mode: int, collate: Any, options: Options,
                device: Any, worker_init: Any) -> None:
@@ -124,7 +154,7 @@ class _Threaded(_Lifecycle):
         self._thread_states = adapters._capture_thread_states()
         self._stage = _MapStage(load, mode, collate, self._pool, options.name, worker_init, self._seed,
                                 options.ordered, options.depth, self._thread_states,
-                                delivery=self._delivery, max_bytes=options.max_bytes)
+                                delivery=self._delivery, max_bytes=options.max_bytes, **self._stage_hooks())
         self._owned = ((self._stage, self._pool) if self._delivery is None
                        else (self._stage, self._delivery, self._pool))
         if options.workers is None:
@@ -247,22 +277,6 @@ class _Threaded(_Lifecycle):
                 f"epoch={self._epoch - 1} state={state}>")
 
 
-class _ThreadLoad:
-    """The map stage's per-thread hook: called once on each loader thread
-    (before ``worker_init``), it gives that thread's ``load``, the
-    ``__getitem__`` of ``per_thread(dataset, worker_id)``. It holds no
-    reference to the loader, which the threads must not keep alive."""
-
-    __slots__ = ("per_thread", "dataset")
-
-    def __init__(self, per_thread: Callable[[Any, int], Any], dataset: Any) -> None:
-        self.per_thread = per_thread
-        self.dataset = dataset
-
-    def __call__(self, worker_id: int) -> Callable[[Any], Any]:
-        return self.per_thread(self.dataset, worker_id).__getitem__  # type: ignore[no-any-return]
-
-
 class Loader(_Threaded, Generic[T]):
     """Load ``dataset[i]`` on several threads and hand out whole batches, as
     fresh arrays that nothing else can reach.
@@ -353,12 +367,6 @@ class Loader(_Threaded, Generic[T]):
         For a bad argument, naming it and the value given.
     """
 
-    # A subclass whose threads cannot share the dataset (it holds a reader
-    # with a position, a handle of one thread) sets this before __init__: a
-    # function (dataset, worker_id) -> the dataset that thread loads from (a
-    # copy of its own), called once on each loader thread, before worker_init.
-    _per_thread: Optional[Callable[[Any, int], Any]] = None
-
     def __init__(self, dataset: Any, batch_size: Optional[int] = 1, *, shuffle: bool = False,
                  sampler: Optional[Iterable[Any]] = None,
                  batch_sampler: Optional[Iterable[list[Any]]] = None, drop_last: bool = False,
@@ -403,8 +411,6 @@ class Loader(_Threaded, Generic[T]):
         else:
             mode = MAP_STACK if collate is None else MAP_CUSTOM
         self._setup(dataset.__getitem__, mode, collate, options, device, worker_init)
-        if self._per_thread is not None:
-            self._stage.per_thread = _ThreadLoad(self._per_thread, dataset)
 
     # -- epochs and resuming ------------------------------------------------
 

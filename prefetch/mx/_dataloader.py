@@ -264,9 +264,8 @@ def _batches_per_pass(batch_sampler):
 
 def _end_epoch(epoch):
     """Stops the loading of a pass dropped before its end."""
-    core = getattr(epoch, "_core", None)
-    if core is not None:
-        core.close()
+    if epoch is not None:
+        epoch.stop()
 
 
 class DataLoader(_gluon_data.DataLoader):

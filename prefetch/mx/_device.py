@@ -9,7 +9,6 @@ NDArray leaves were already copied to the context by their leaf hook
 """
 import numpy as np
 
-from prefetch import adapters
 from prefetch.adapters import register_device
 from prefetch.mx import _engine, _ndarray
 from prefetch.mx._mxnet import mx
@@ -74,5 +73,4 @@ def device_hint(name):
             "cpu_pinned": f"mx.cpu_pinned({n}) (MXNet)"}.get(kind)
 
 
-register_device(mx.Context, ContextDelivery)
-adapters._device_hints.append(device_hint)
+register_device(mx.Context, ContextDelivery, hint=device_hint)

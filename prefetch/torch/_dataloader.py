@@ -397,15 +397,15 @@ class _ThreadIter:
             # Each thread loads from a copy of its own, as each worker process (not with
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
-            self._source = FrameworkLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
-                                           per_thread=per_thread, worker_init=init, seed=base_seed, lookahead=self._ahead, go_on=True,
-                                           device=PinnedHost() if self._pin else None,
-                                           remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
-                                           **options)
             # One GIL notice per DataLoader, though each epoch without persistent workers
             # has a Loader of its own.
             self._gil_noticed = loader._gil_noticed
-            self._source._stage.gauge.noticed = self._gil_noticed[0]
+            self._source = FrameworkLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
+                                           per_thread=per_thread, worker_init=init, seed=base_seed,
+                                           lookahead=self._ahead, go_on=True, gil_noticed=self._gil_noticed[0],
+                                           device=PinnedHost() if self._pin else None,
+                                           remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
+                                           **options)
         # torch's iterators have no close(): one dropped mid-epoch closes its loader.
         weakref.finalize(self, self._source.close)
         self._done = False
@@ -436,7 +436,7 @@ class _ThreadIter:
         assert batches is not None
         resume, loader._resume = loader._resume, None
         self._handed = self._skipped = 0
-        epoch = self._source._epoch   # the Loader's epoch this one will be
+        epoch = self._source.next_epoch   # the Loader's epoch this one will be
         if resume is None:
             self._epoch_rng = _b64(self._generator.get_state())
             batches.restart(epoch)
@@ -470,8 +470,8 @@ class _ThreadIter:
         if self._batches is not None:
             # torch reads one batch more for each it hands out: the one due now too.
             self._batches.read_to(self._ahead + self._handed - self._skipped + 1)
-        core = self._epoch._core
-        failed = core.failed
+        epoch = self._epoch
+        failed = epoch.failed_batches
         try:
             batch = next(self._epoch)
             while batch is NOTHING:
@@ -484,12 +484,12 @@ class _ThreadIter:
             self._end(close=not self._persistent)
             raise
         except BaseException as exc:
-            if core.failed != failed:
+            if epoch.failed_batches != failed:
                 # That batch's own error (a map-style dataset's, collate_fn's):
                 # the epoch goes on with the next batch, as torch's does.
                 self._handed += 1
                 self._taken += 1
-            elif not (isinstance(exc, KeyboardInterrupt) and core.state == "running"):
+            elif not (isinstance(exc, KeyboardInterrupt) and epoch.running):
                 # Not Ctrl-C while next() waited (nothing taken: the next
                 # next() waits for the same batch, as torch's does): the end.
                 self._end(close=False)
@@ -513,7 +513,7 @@ class _ThreadIter:
         if self._iterable:
             self._source.cancel()
         else:
-            self._gil_noticed[0] = self._gil_noticed[0] or self._source._stage.gauge.noticed
+            self._gil_noticed[0] = self._gil_noticed[0] or self._source.gil_noticed
         if close:
             self._source.close()
 

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from prefetch import adapters
 from prefetch.adapters import register_device
 from prefetch.torch._torch import torch
 
@@ -166,6 +165,5 @@ def device_hint(name: str) -> str | None:
     return f"torch.device({name!r}) (PyTorch)" if kind in ("cuda", "cpu") else None
 
 
-register_device(torch.device, open_device)
+register_device(torch.device, open_device, hint=device_hint)
 register_device(PinnedHost, open_pinned)
-adapters._device_hints.append(device_hint)

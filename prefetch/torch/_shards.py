@@ -21,8 +21,8 @@ import threading
 from typing import Any
 
 from prefetch._core import set_sample_index
+from prefetch._framework import FrameworkMap
 from prefetch._replica import replica
-from prefetch.loader import _Mapped
 from prefetch.torch._worker import DATASETS, _local, worker_info
 
 NOTHING = object()   # a task that made no batch: its worker had ended, or the epoch was cancelled
@@ -155,7 +155,6 @@ class _InTurn:
     def __init__(self, epoch: _ShardEpoch, results: Any, ordered: bool) -> None:
         self.epoch = epoch
         self.results = results
-        self._core = results._core   # the map's: its state and failures (the DataLoader's iterator reads them)
         self.ordered = ordered
         n = epoch.n
         self.held: list[collections.deque[Any]] = [collections.deque() for _ in range(n)]
@@ -195,6 +194,15 @@ class _InTurn:
                 return w
             return None
         return None
+
+    @property
+    def failed_batches(self) -> int:
+        """As the Loader's epoch iterator (prefetch/_framework.py): the DataLoader's iterator asks."""
+        return self.results.failed_batches  # type: ignore[no-any-return]
+
+    @property
+    def running(self) -> bool:
+        return self.results.running  # type: ignore[no-any-return]
 
     def _hand(self, w: int, batch: Any) -> Any:
         self.epoch.take(w)
@@ -239,10 +247,9 @@ class ShardMap:
         self.now = _ShardEpoch(self.shards, self.per_worker, self.epoch, self._closing)
         if self.map is None:
             o = self.options   # unordered: _InTurn puts the batches in torch's order
-            self.map = _Mapped(_unused, _Tasks(self), o["workers"], False, o["depth"], o["timeout"], o["name"],
-                               None, device=self.device)
-            self.map._stage.per_thread = self._load_for
-            self.map._stage.set_lookahead(self.ahead)
+            self.map = FrameworkMap(_Tasks(self), per_thread=self._load_for, lookahead=self.ahead,
+                                    workers=o["workers"], depth=o["depth"], timeout=o["timeout"], name=o["name"],
+                                    device=self.device)
         self.map.adopt_seed(self.seed, self.epoch)
         self.epoch += 1
         return _InTurn(self.now, iter(self.map), self.ordered)
@@ -264,6 +271,3 @@ class ShardMap:
         if self.map is not None:
             self.map.close()
 
-
-def _unused(task: Any) -> Any:
-    raise AssertionError("each loader thread runs its worker's load")   # per_thread replaces it

@@ -4,7 +4,7 @@ A CPU tensor is copied by the core: a pool block that the core fills later
 in the batch without the GIL, wrapped by ``torch.from_numpy``, so the tensor
 handed out owns the block and it goes back to the pool only when torch frees
 the tensor. A plain contiguous tensor is read from its address
-(``plan._array_at``, its storage kept alive until the memcpy ran); any other
+(``plan.array_at``, its storage kept alive until the memcpy ran); any other
 is seen as a numpy array first (``.numpy()``, no copy) for ``plan.array``.
 
 What comes out of a copy (the README says the same):
@@ -99,7 +99,7 @@ def copy_tensor(t: Tensor, plan: Any) -> Tensor:
         if address:
             # The storage keeps the memory valid until the memcpy, whatever
             # becomes of the tensor object meanwhile (set_, resize_).
-            out = _from_numpy(plan._array_at(t.untyped_storage(), address, shape, as_numpy))
+            out = _from_numpy(plan.array_at(t.untyped_storage(), address, shape, as_numpy))
             return out if dtype not in _VIEW_AS else out.view(dtype)
     return _copy_general(t, plan)
 

@@ -54,7 +54,8 @@ def test_a_container_whose_unflatten_raises_gives_its_error_in_the_batch_place(n
             for box in p:
                 got.append(int(box.payload[0]))
         error = info.value
-        assert "rebuilding batch 3 (a registered container's unflatten)" in _notes(error), _notes(error)
+        assert "rebuilding batch 3 with a registered container's unflatten (counted from 1" in _notes(error), \
+            _notes(error)
         with pytest.raises(StopIteration):   # the stream ended with it, as after a source's error
             next(p)
     assert got == [0, 1]

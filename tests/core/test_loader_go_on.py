@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import prefetch
+from prefetch._framework import FrameworkLoader
 
 
 class FailsAt:
@@ -36,10 +37,9 @@ def outcomes(loader):
             got.append(type(exc).__name__)
 
 
-def going_on(loader, lookahead=0):
-    loader._stage.set_continue_after_failure(True)
-    loader._stage.set_lookahead(lookahead)
-    return loader
+def going_on(dataset, lookahead=0, **kwargs):
+    """A loader with a drop-in's continue policy, through the seam drop-ins use."""
+    return FrameworkLoader(dataset, remedy="a process loader", go_on=True, lookahead=lookahead, **kwargs)
 
 
 def test_without_the_policy_the_epoch_ends_with_the_error():
@@ -51,7 +51,7 @@ def test_without_the_policy_the_epoch_ends_with_the_error():
 @pytest.mark.parametrize("workers", [1, 3])
 def test_in_order_each_failed_batch_is_its_error_and_the_epoch_goes_on(workers, lookahead):
     """lookahead=1: a failed batch counts as taken, or the next one never opens."""
-    with going_on(prefetch.Loader(FailsAt(11, [2, 7]), batch_size=2, workers=workers), lookahead) as loader:
+    with going_on(FailsAt(11, [2, 7]), batch_size=2, workers=workers, lookahead=lookahead) as loader:
         expected = [[0, 1], "KeyError", [4, 5], "KeyError", [8, 9], [10]]
         assert outcomes(loader) == expected
         assert outcomes(loader) == expected   # the next epoch too
@@ -59,7 +59,7 @@ def test_in_order_each_failed_batch_is_its_error_and_the_epoch_goes_on(workers, 
 
 @pytest.mark.parametrize("lookahead", [0, 1])
 def test_out_of_order_every_other_batch_comes_once(lookahead):
-    loader = going_on(prefetch.Loader(FailsAt(11, [2, 7]), batch_size=2, workers=3, ordered=False), lookahead)
+    loader = going_on(FailsAt(11, [2, 7]), batch_size=2, workers=3, ordered=False, lookahead=lookahead)
     with loader:
         got = outcomes(loader)
     assert got.count("KeyError") == 2
@@ -73,7 +73,7 @@ def collate(samples):
 
 
 def test_a_collate_error_is_its_batch_s():
-    with going_on(prefetch.Loader(list(range(8)), batch_size=2, workers=2, collate=collate)) as loader:
+    with going_on(list(range(8)), batch_size=2, workers=2, collate=collate) as loader:
         assert outcomes(loader) == [[0, 1], [2, 3], "ValueError", [6, 7]]
 
 
@@ -86,7 +86,7 @@ def test_the_sampler_s_error_still_ends_the_epoch():
         def __iter__(self):
             return sampler()
 
-    with going_on(prefetch.Loader(list(range(8)), batch_size=2, sampler=Sampler(), workers=2)) as loader:
+    with going_on(list(range(8)), batch_size=2, sampler=Sampler(), workers=2) as loader:
         assert outcomes(loader) == [[0, 1], [2, 3], "RuntimeError"]
 
 
@@ -94,5 +94,5 @@ def test_a_failed_worker_init_still_ends_the_epoch():
     def init(worker_id):
         raise OSError("no device")
 
-    with going_on(prefetch.Loader(list(range(8)), batch_size=2, workers=2, worker_init=init)) as loader:
+    with going_on(list(range(8)), batch_size=2, workers=2, worker_init=init) as loader:
         assert outcomes(loader) == ["OSError"]

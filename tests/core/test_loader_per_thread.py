@@ -1,6 +1,6 @@
-"""The Loader's per-thread dataset hook (issue 23 deliverable 2, SPEC §9): a
-subclass whose threads cannot share the dataset gives each loader thread a
-dataset of its own, made once on that thread before worker_init; every sample
+"""The Loader's per-thread dataset hook (issue 23 deliverable 2, SPEC §9),
+through the seam the drop-ins use (prefetch/_framework.py): a drop-in whose
+threads cannot share the dataset gives each loader thread a dataset of its own, made once on that thread before worker_init; every sample
 that thread loads comes from its copy, and the threads keep their copies
 across epochs."""
 import threading
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from prefetch import Loader
+from prefetch._framework import FrameworkLoader
 from prefetch._types import ClosedError
 
 
@@ -28,24 +29,24 @@ class Positioned:
         return np.array([i, id(self)], np.int64)
 
 
-class OwnCopies(Loader):
-    def __init__(self, dataset, *args, made, **kwargs):
-        def per_thread(dataset, worker_id):
-            copy = Positioned(dataset.n)
-            copy.owner = threading.current_thread()
-            made.append((worker_id, copy, list(inits)))
-            return copy
+def own_copies(dataset, batch_size, *, made, **kwargs):
+    """A loader whose threads each load from a copy of their own, through the seam drop-ins use."""
+    def per_thread(dataset, worker_id):
+        copy = Positioned(dataset.n)
+        copy.owner = threading.current_thread()
+        made.append((worker_id, copy, list(inits)))
+        return copy
 
-        inits = []
-        self._per_thread = per_thread
-        super().__init__(dataset, *args, worker_init=inits.append, **kwargs)
+    inits = []
+    return FrameworkLoader(dataset, remedy="a process loader", per_thread=per_thread, batch_size=batch_size,
+                           worker_init=inits.append, **kwargs)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
 def test_each_thread_loads_from_its_own_copy_made_once_before_worker_init(workers):
     made = []
     shared = Positioned(40)
-    with OwnCopies(shared, 4, workers=workers, made=made) as loader:
+    with own_copies(shared, 4, workers=workers, made=made) as loader:
         for _ in range(3):
             rows = np.concatenate([b for b in loader])
             assert rows[:, 0].tolist() == list(range(40))
@@ -56,12 +57,11 @@ def test_each_thread_loads_from_its_own_copy_made_once_before_worker_init(worker
 
 
 def test_a_failing_per_thread_hook_is_the_epochs_error_and_the_loader_closes():
-    class Failing(Loader):
-        @staticmethod
-        def _per_thread(dataset, worker_id):
-            raise OSError("cannot open the reader")
+    def per_thread(dataset, worker_id):
+        raise OSError("cannot open the reader")
 
-    loader = Failing(Positioned(8), 4, workers=2)
+    loader = FrameworkLoader(Positioned(8), remedy="a process loader", per_thread=per_thread, batch_size=4,
+                             workers=2)
     with pytest.raises(OSError, match="cannot open the reader"):
         list(loader)
     loader.close()
