@@ -70,10 +70,10 @@ class _MapStage:
     def __init__(self, load: Callable[[Any], Any], mode: int, collate: Any, pool: _Pool, name: str,
                  worker_init: Any, seed: int, ordered: bool, depth: int,
                  on_thread: tuple[Callable[[], None], ...] = ..., delivery: Any = ...,
-                 max_bytes: int = ..., *, per_thread: Optional[Callable[[int], Callable[[Any], Any]]] = ...,
+                 max_bytes: int = ..., auto: Optional[tuple[int, float]] = ...,
+                 *, per_thread: Optional[Callable[[int], Callable[[Any], Any]]] = ...,
                  lookahead: int = ..., go_on: bool = ..., remedy: Optional[str] = ...,
                  gil_noticed: bool = ...) -> None: ...
-    def set_auto(self, max_threads: int, cpus: float) -> None: ...
     def start_epoch(self, batches: Iterator[list[Any]], epoch: int, n_keys: int, threads: int,
                     batch_rows: int, order: Any = ...,
                     following: Optional[tuple[Any, int, Iterator[list[Any]]]] = ...) -> _MapEpoch: ...

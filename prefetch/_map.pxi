@@ -100,11 +100,13 @@ cdef class _MapStage(_ThreadWork):
     loaders' side of _ThreadWork, and the calls the Loader makes."""
 
     def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
-                  int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0, *, per_thread=None,
-                  Py_ssize_t lookahead=0, bint go_on=False, remedy=None, bint gil_noticed=False):
-        """A drop-in's hooks (prefetch/_framework.py): each thread's own load,
-        the batches opened and not yet consumed at most, a batch's error that
-        the epoch goes on after, the GIL notice's remedy, already given."""
+                  int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0, auto=None, *,
+                  per_thread=None, Py_ssize_t lookahead=0, bint go_on=False, remedy=None,
+                  bint gil_noticed=False):
+        """``auto``: workers="auto"'s (max_threads, cpus), _Tuner's. A drop-in's
+        hooks (prefetch/_framework.py): each thread's own load, the batches
+        opened and not yet consumed at most, a batch's error that the epoch
+        goes on after, the GIL notice's remedy, already given."""
         self.load = load
         self.per_thread = per_thread
         self.go_on = go_on
@@ -122,13 +124,10 @@ cdef class _MapStage(_ThreadWork):
         self.epochs = _Epochs(max_bytes, lookahead)
         self.n_keys = KEYS_ANY
         self.gauge = _Gauge(name, remedy, gil_noticed)
+        if auto is not None:
+            self.tuner = _Tuner(*auto)
 
     # -- the Loader's calls (consumer side, GIL held) --------------------------
-
-    def set_auto(self, int max_threads, double cpus):
-        """workers="auto": from one thread up to ``max_threads``, growing while
-        that helps and less than ``cpus`` CPUs are busy."""
-        self.tuner = _Tuner(max_threads, cpus)
 
     def start_epoch(self, batches, Py_ssize_t epoch, Py_ssize_t n_keys, int threads,
                     Py_ssize_t batch_rows, order=None, following=None):
@@ -158,8 +157,7 @@ cdef class _MapStage(_ThreadWork):
         return _MapEpoch(self, e)
 
     def drop_following(self):
-        """The next epoch is not the one planned (set_epoch, load_state_dict):
-        what was opened of it early is dropped."""
+        """What opened early of an epoch not coming next (set_epoch, load_state_dict) is dropped."""
         with self._cv:
             self.epochs.drop_after()
             self._cv.notify_all()
@@ -177,8 +175,7 @@ cdef class _MapStage(_ThreadWork):
         self.crew.ensure(threads, self)
 
     def abandon(self, _EpochBatches e):
-        """Ends epoch ``e`` early (its core is closing): work of it is dropped
-        (not the next epoch's: it still follows)."""
+        """Epoch ``e`` ends early (its core closes): its work is dropped, not the next epoch's."""
         with self._cv:
             self.epochs.abandon(e)
             self._cv.notify_all()

@@ -10,6 +10,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 from prefetch._options import MAX_EPOCH, MAX_SEED, check_int
+from prefetch._types import ClosedError
 
 if TYPE_CHECKING:
     from prefetch._core import _Core, _MapEpoch
@@ -99,6 +100,19 @@ def _skipping(batches: Iterator[list[Any]], resume: _Resume, numbers: list[int])
         yield keys
 
 
+def check_fits(owner: str, saved_length: Any, saved_batch_size: Any, dataset_length: int,
+               batch_size: Any) -> None:
+    """ValueError where a state saved for a dataset of ``saved_length`` with
+    ``saved_batch_size`` does not fit ``owner`` ("loader", "DataLoader"): the
+    one check of the Loader's state and the drop-ins' framework parts."""
+    if saved_length is not None and saved_length != dataset_length:
+        raise ValueError(f"state was saved for a dataset of length {saved_length!r}; this {owner}'s "
+                         f"has length {dataset_length}")
+    if saved_batch_size != batch_size:
+        raise ValueError(f"state was saved with batch_size={saved_batch_size!r}; this {owner} has "
+                         f"batch_size={batch_size!r}")
+
+
 def check_state(state: Any, *, dataset_length: int, batch_size: Optional[int], seed: Optional[int],
                 batches_per_epoch: int, sampler_has_state: bool) -> tuple[_Resume, int]:
     """The resume ``state`` (from ``Loader.state_dict()``) describes, and its
@@ -121,13 +135,7 @@ def check_state(state: Any, *, dataset_length: int, batch_size: Optional[int], s
     unknown = sorted(set(state) - set(_STATE_KEYS))
     if unknown:
         raise ValueError(f"state has unknown keys {', '.join(map(repr, unknown))} (edited?)")
-    n = dataset_length
-    if state["dataset_length"] != n:
-        raise ValueError(f"state was saved for a dataset of length {state['dataset_length']!r}; "
-                         f"this loader's has length {n}")
-    if state["batch_size"] != batch_size:
-        raise ValueError(f"state was saved with batch_size={state['batch_size']!r}; this loader "
-                         f"has batch_size={batch_size!r}")
+    check_fits("loader", state["dataset_length"], state["batch_size"], dataset_length, batch_size)
     try:
         seed = check_int("seed", state["seed"], 0, MAX_SEED)
         epoch = check_int("epoch", state["epoch"], 0, MAX_EPOCH)
@@ -153,3 +161,117 @@ def check_state(state: Any, *, dataset_length: int, batch_size: Optional[int], s
         raise ValueError("state holds a sampler's state, and this loader's sampler has no "
                          "state_dict()/load_state_dict()")
     return _Resume(epoch, prefix, extras, sampler), seed
+
+
+class _LoaderState:
+    """The Loader's resume state: ``state_dict()`` and ``load_state_dict()``
+    over the records above (a mixin of prefetch.loader.Loader, whose fields
+    it reads: the epoch started last, a loaded state, the sampler)."""
+
+    _epoch_lock: Any
+    _record: Optional[_Record]
+    _resume: Optional[_Resume]
+    _epoch: int
+    _seed: int
+    _closing: bool
+    _name: Any
+    _stage: Any
+    _core: Optional[_Core]
+    _options: Any
+    dataset: Any
+    batch_size: Optional[int]
+    sampler: Any
+    batch_sampler: Any
+
+    if TYPE_CHECKING:
+        def __len__(self) -> int: ...
+
+    def _sampler_with_state(self) -> Any:
+        sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        return sampler if callable(getattr(sampler, "state_dict", None)) else None
+
+    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
+        sampler = self._sampler_with_state()
+        if resume is not None and resume.sampler is not None:
+            sampler.load_state_dict(resume.sampler)
+        saved = None if sampler is None else sampler.state_dict()
+        return _Record(epoch, resume, saved, self._options.ordered)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: a small JSON-serialisable dict (format and
+        version, seed, epoch, the batches of that epoch delivered so far, the
+        dataset's length, the batch size, the sampler's own ``state_dict()``
+        at the epoch's start where it has one). Taken at any moment, from any
+        thread, without pausing the loader threads; batches loaded ahead and
+        not yet delivered are not counted. Once an epoch has ended, the state
+        is the next epoch's start."""
+        with self._epoch_lock:
+            record, resume, epoch = self._record, self._resume, self._epoch
+        sampler: Any = None
+        extras: list[int] = []
+        if resume is not None:
+            epoch, prefix, extras, sampler = resume.epoch, resume.prefix, resume.extras, resume.sampler
+        elif record is None or record.core is None:
+            prefix = 0
+            holder = self._sampler_with_state()
+            sampler = None if holder is None else holder.state_dict()
+        elif record.core.ended:
+            prefix = 0   # the next epoch; a sampler's state then is its own to say
+            holder = self._sampler_with_state()
+            sampler = None if holder is None else holder.state_dict()
+        else:
+            epoch, sampler = record.epoch, record.sampler
+            prefix, extras = record.delivered()
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "seed": self._seed, "epoch": epoch,
+                "batches": prefix + len(extras), "out_of_order": list(extras),
+                "dataset_length": len(self.dataset), "batch_size": self.batch_size, "sampler": sampler}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` (from ``state_dict()``, of a loader over the
+        same data, batch size and sampler) was taken: the next
+        ``iter(loader)`` delivers the batches an uninterrupted run would have
+        delivered next. Call it before iterating, between epochs, or after a
+        ``break`` out of an epoch's loop (that epoch then ends).
+
+        Raises
+        ------
+        ValueError
+            For a state of another format or version, dataset length, batch
+            size or seed, or one truncated or edited; the loader is unchanged.
+        ClosedError
+            Once the loader is closed.
+        RuntimeError
+            While an epoch is in progress (its iterator is still held).
+        """
+        if self._closing:
+            raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
+        resume, seed = self._check_state(state)
+        with self._epoch_lock:
+            if self._closing:
+                raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
+            record = self._record
+            if record is not None and record.core is not None and record.core.state == "running":
+                if record.iterating():
+                    raise RuntimeError(
+                        f"cannot load a state into {self!r} while its epoch {record.epoch} is in progress; "
+                        "load it before iterating, once the epoch has ended, or after a break out of its loop")
+                # Its iterator is gone (a break): the epoch ends here, and
+                # next(loader) starts the one the state continues.
+                record.core.close()
+                self._core = None
+            self._stage.drop_following()   # the next epoch is the state's
+            if seed != self._seed:
+                self._seed = seed
+                self._stage.seed = seed
+            self._epoch = resume.epoch
+            self._resume = resume
+
+    def _check_state(self, state: Any) -> tuple[_Resume, int]:
+        try:
+            total = len(self)
+        except TypeError:
+            total = -1   # a sampler without len(): nothing to check against
+        return check_state(state, dataset_length=len(self.dataset), batch_size=self.batch_size,
+                           seed=self._seed if self._options.seed is not None else None,
+                           batches_per_epoch=total,
+                           sampler_has_state=self._sampler_with_state() is not None)

@@ -17,6 +17,8 @@
 
 @cython.final
 cdef class _Tuner:
+    """workers="auto": from one thread up to ``max_threads``, growing while
+    that helps and less than ``cpus`` CPUs are busy."""
 
     def __cinit__(self, int max_threads, double cpus):
         self.max_threads = max_threads

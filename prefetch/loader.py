@@ -41,7 +41,7 @@ from prefetch._options import (
     check_int,
     usable_cpus,
 )
-from prefetch._resume import STATE_FORMAT, STATE_VERSION, _Record, _Resume, _skipping, check_state
+from prefetch._resume import _LoaderState, _Record, _Resume, _skipping
 from prefetch._types import ClosedError, Stats
 
 __all__ = ["Loader", "map", "sample_rng", "worker_info"]
@@ -152,14 +152,14 @@ class _Threaded(_Lifecycle):
         self._seed = int.from_bytes(os.urandom(16), "little") if options.seed is None else options.seed
         self._pool = _Pool()
         self._thread_states = adapters._capture_thread_states()
+        # workers="auto": past the CPUs only while the threads leave CPUs idle (waiting on I/O).
+        auto = (AUTO_MAX_THREADS, usable_cpus()) if options.workers is None else None
         self._stage = _MapStage(load, mode, collate, self._pool, options.name, worker_init, self._seed,
                                 options.ordered, options.depth, self._thread_states,
-                                delivery=self._delivery, max_bytes=options.max_bytes, **self._stage_hooks())
+                                delivery=self._delivery, max_bytes=options.max_bytes, auto=auto,
+                                **self._stage_hooks())
         self._owned = ((self._stage, self._pool) if self._delivery is None
                        else (self._stage, self._delivery, self._pool))
-        if options.workers is None:
-            # Past the CPUs only while the threads leave CPUs idle (waiting on I/O).
-            self._stage.set_auto(AUTO_MAX_THREADS, usable_cpus())
         self._mode = mode
         self._name = options.name
         self._remember_caller()
@@ -277,7 +277,7 @@ class _Threaded(_Lifecycle):
                 f"epoch={self._epoch - 1} state={state}>")
 
 
-class Loader(_Threaded, Generic[T]):
+class Loader(_LoaderState, _Threaded, Generic[T]):
     """Load ``dataset[i]`` on several threads and hand out whole batches, as
     fresh arrays that nothing else can reach.
 
@@ -428,96 +428,6 @@ class Loader(_Threaded, Generic[T]):
                 self._stage.drop_following()   # not the epoch opened early
             self._epoch = epoch
 
-    def _sampler_with_state(self) -> Any:
-        sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        return sampler if callable(getattr(sampler, "state_dict", None)) else None
-
-    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
-        sampler = self._sampler_with_state()
-        if resume is not None and resume.sampler is not None:
-            sampler.load_state_dict(resume.sampler)
-        saved = None if sampler is None else sampler.state_dict()
-        return _Record(epoch, resume, saved, self._options.ordered)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: a small JSON-serialisable dict (format and
-        version, seed, epoch, the batches of that epoch delivered so far, the
-        dataset's length, the batch size, the sampler's own ``state_dict()``
-        at the epoch's start where it has one). Taken at any moment, from any
-        thread, without pausing the loader threads; batches loaded ahead and
-        not yet delivered are not counted. Once an epoch has ended, the state
-        is the next epoch's start."""
-        with self._epoch_lock:
-            record, resume, epoch = self._record, self._resume, self._epoch
-        sampler: Any = None
-        extras: list[int] = []
-        if resume is not None:
-            epoch, prefix, extras, sampler = resume.epoch, resume.prefix, resume.extras, resume.sampler
-        elif record is None or record.core is None:
-            prefix = 0
-            holder = self._sampler_with_state()
-            sampler = None if holder is None else holder.state_dict()
-        elif record.core.ended:
-            prefix = 0   # the next epoch; a sampler's state then is its own to say
-            holder = self._sampler_with_state()
-            sampler = None if holder is None else holder.state_dict()
-        else:
-            epoch, sampler = record.epoch, record.sampler
-            prefix, extras = record.delivered()
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "seed": self._seed, "epoch": epoch,
-                "batches": prefix + len(extras), "out_of_order": list(extras),
-                "dataset_length": len(self.dataset), "batch_size": self.batch_size, "sampler": sampler}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` (from ``state_dict()``, of a loader over the
-        same data, batch size and sampler) was taken: the next
-        ``iter(loader)`` delivers the batches an uninterrupted run would have
-        delivered next. Call it before iterating, between epochs, or after a
-        ``break`` out of an epoch's loop (that epoch then ends).
-
-        Raises
-        ------
-        ValueError
-            For a state of another format or version, dataset length, batch
-            size or seed, or one truncated or edited; the loader is unchanged.
-        ClosedError
-            Once the loader is closed.
-        RuntimeError
-            While an epoch is in progress (its iterator is still held).
-        """
-        if self._closing:
-            raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
-        resume, seed = self._check_state(state)
-        with self._epoch_lock:
-            if self._closing:
-                raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
-            record = self._record
-            if record is not None and record.core is not None and record.core.state == "running":
-                if record.iterating():
-                    raise RuntimeError(
-                        f"cannot load a state into {self!r} while its epoch {record.epoch} is in progress; "
-                        "load it before iterating, once the epoch has ended, or after a break out of its loop")
-                # Its iterator is gone (a break): the epoch ends here, and
-                # next(loader) starts the one the state continues.
-                record.core.close()
-                self._core = None
-            self._stage.drop_following()   # the next epoch is the state's
-            if seed != self._seed:
-                self._seed = seed
-                self._stage.seed = seed
-            self._epoch = resume.epoch
-            self._resume = resume
-
-    def _check_state(self, state: Any) -> tuple[_Resume, int]:
-        try:
-            total = len(self)
-        except TypeError:
-            total = -1   # a sampler without len(): nothing to check against
-        return check_state(state, dataset_length=len(self.dataset), batch_size=self.batch_size,
-                           seed=self._seed if self._options.seed is not None else None,
-                           batches_per_epoch=total,
-                           sampler_has_state=self._sampler_with_state() is not None)
-
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         n = len(self.dataset)
         if self.batch_sampler is not None:
@@ -568,7 +478,7 @@ class Loader(_Threaded, Generic[T]):
 def _batches_per_epoch(loader: Loader[Any]) -> int:
     """len(loader): its batch sampler's length, or its sampler's (or dataset's) in batches."""
     if loader.batch_sampler is not None:
-        return len(loader.batch_sampler)  # type: ignore[arg-type]
+        return len(loader.batch_sampler)
     if loader.sampler is not None:
         if not isinstance(loader.sampler, Sized):
             raise TypeError(f"the sampler of {loader!r} has no len()")

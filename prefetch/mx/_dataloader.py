@@ -25,7 +25,7 @@ import numpy as np
 
 from prefetch._framework import FrameworkLoader
 from prefetch._replica import replica
-from prefetch._resume import check_state
+from prefetch._resume import check_fits, check_state
 from prefetch._types import ClosedError
 from prefetch.mx._mxnet import mx
 
@@ -276,38 +276,15 @@ class DataLoader(_gluon_data.DataLoader):
     generators, weak references or ``multiprocessing`` objects works, and
     ``dataset[i]`` must allow being called by several threads at once. With
     ``num_workers > 0`` each thread loads from a shallow copy of its own (and
-    of each Gluon dataset inside it), as each worker process holds a copy:
-    what ``dataset[i]`` sets on it (a file opened on first use) is that
-    thread's, while the objects it refers to are shared; one that cannot be
-    copied is shared. A RecordIO reader (``RecordFileDataset``,
-    ``ImageRecordDataset``, an ``MXIndexedRecordIO`` of your own), wherever
-    it sits in the dataset (under ``transform``, in an ``ArrayDataset``, a
-    list, a tuple, a dict or an attribute of your own wrapper), is read by
-    each thread through a reader of its own, as each of Gluon's worker
-    processes reads through its own: the objects on the way to it are
-    shallow-copied once per thread.
-
-    Each iteration is a pass of its own, as in Gluon: ``zip(loader, loader)``
-    pairs each batch with itself, each pass on threads of its own.
-    ``state_dict()``/``load_state_dict()`` resume a run mid-pass (numpy's
-    global generator, which Gluon's ``RandomSampler`` draws from, is saved
-    at each pass's start and restored).
-
-    Differences from Gluon's:
-    - ``thread_pool`` is accepted and ignored: it is always threads, and no
-      shared memory is used (``batchify_fn`` defaults to
-      ``default_batchify_fn``, batches on ``cpu(0)``);
-    - an exception from the dataset or ``batchify_fn`` is raised as the same
-      object, with its own traceback and a note naming the sample and thread
-      (Gluon's process pool raises a copy, chained to a ``RemoteTraceback``);
-    - ``timeout`` applies with any ``num_workers``; on expiry it raises
-      ``multiprocessing.TimeoutError``, as Gluon's pool does;
-    - ``prefetch`` (default ``2 * num_workers``, at least 1) batches are
-      prepared ahead; ``auto_reload=True`` starts the next epoch's loading as
-      soon as one ends;
-    - the threads are kept across passes; a pass left before its end (a
-      ``break``) stops loading once its iterator is dropped, and
-      ``close()`` (or ``with``) stops every thread at once.
+    of each Gluon dataset inside it, a RecordIO reader through a reader of
+    its own), as each worker process holds a copy. Each iteration is a pass
+    of its own, as in Gluon; the threads are kept across passes, and
+    ``close()`` (or ``with``) stops them at once. ``state_dict()``/
+    ``load_state_dict()`` resume a run mid-pass. An exception from the
+    dataset or ``batchify_fn`` is raised as the same object, with a note
+    naming the sample and thread. What differs from Gluon's (``thread_pool``
+    ignored, ``timeout`` with any ``num_workers``, ``prefetch``,
+    ``auto_reload``): the drop-ins' page of the manual (docs/dropins.md).
     """
 
     def __init__(self, dataset, batch_size=None, shuffle=False, sampler=None,
@@ -547,9 +524,7 @@ def _check_sampler_state(state, batches, batch_size):
     except (TypeError, KeyError, ValueError) as exc:
         raise ValueError(f"state has a bad or missing sampler state (truncated or edited?): {exc!r} "
                          f"in {sampler!r:.200}") from None
-    if saved_size != batch_size:
-        raise ValueError(f"state was saved with batch_size={saved_size!r}; this DataLoader has "
-                         f"batch_size={batch_size!r}")
+    check_fits("DataLoader", None, saved_size, -1, batch_size)
     if saved is not None and batches is not None and saved != batches:
         raise ValueError(f"state was saved for a DataLoader of {saved!r} batches per pass; this one "
                          f"has {batches}")

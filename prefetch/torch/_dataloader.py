@@ -30,6 +30,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
 from prefetch._framework import FrameworkLoader
 from prefetch._options import check_num_workers
+from prefetch._resume import check_fits
 from prefetch._types import ClosedError
 from prefetch.torch._device import PinnedHost
 from prefetch.torch._sampler import _Batches
@@ -194,12 +195,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         missing = [k for k in keys if k not in state]
         if missing:
             raise ValueError(f"state lacks {', '.join(map(repr, missing))} (truncated or edited?)")
-        if state["dataset_length"] != len(self.dataset):
-            raise ValueError(f"state was saved for a dataset of length {state['dataset_length']!r}; "
-                             f"this DataLoader's has length {len(self.dataset)}")
-        if state["batch_size"] != self.batch_size:
-            raise ValueError(f"state was saved with batch_size={state['batch_size']!r}; this "
-                             f"DataLoader has batch_size={self.batch_size!r}")
+        check_fits("DataLoader", state["dataset_length"], state["batch_size"], len(self.dataset), self.batch_size)
         batches = state["batches"]
         if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= len(self):
             raise ValueError(f"state has batches={batches!r}, not a count of this DataLoader's "
