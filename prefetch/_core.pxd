@@ -542,7 +542,6 @@ cdef class _Publisher:
     cdef uint64_t _peak_fill
 
     cdef int _apply_thread_states(self) except -1
-    cdef tuple _next_batch(self, _Stage stage, _Parts parts)
     cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1
     cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
 

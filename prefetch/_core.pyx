@@ -190,7 +190,17 @@ cdef class _Publisher:
                 if not self._wait_room(0, &slot):
                     return
                 try:
-                    got, batch = self._next_batch(stage, parts)
+                    # The stage's next batch, delivered to the device and rebuilt.
+                    self._doing = DOING_STAGE
+                    got = self._apply_thread_states() if self._on_thread else stage.produce(parts)
+                    if got == P_BATCH:
+                        if self._delivery is not None:
+                            self._doing = DOING_DELIVER
+                            for i in parts.deliver:
+                                parts.leaves[i] = self._delivery.deliver(parts.leaves[i])
+                            self._delivery.ready()
+                        self._doing = DOING_REBUILD
+                        batch = _unflatten(parts.nodes, parts.leaves)
                 except BaseException as exc:
                     # Code run here for this batch (a stage's conversion, a
                     # delivery, a container's unflatten: adapters' hooks) raised:
@@ -226,25 +236,6 @@ cdef class _Publisher:
             self._doing = DOING_DONE
             _warn.relay_into(None)
             stage.finish()
-
-    cdef tuple _next_batch(self, _Stage stage, _Parts parts):
-        """(code, batch): the stage's next batch, delivered to the device and
-        rebuilt (None unless the code is P_BATCH). Any exception is that batch's."""
-        cdef int got
-        self._doing = DOING_STAGE
-        if self._on_thread:
-            got = self._apply_thread_states()
-        else:
-            got = stage.produce(parts)
-        if got != P_BATCH:
-            return got, None
-        if self._delivery is not None:
-            self._doing = DOING_DELIVER
-            for i in parts.deliver:
-                parts.leaves[i] = self._delivery.deliver(parts.leaves[i])
-            self._delivery.ready()
-        self._doing = DOING_REBUILD
-        return P_BATCH, _unflatten(parts.nodes, parts.leaves)
 
     cdef int _apply_thread_states(self) except -1:
         """The creator's framework modes on this thread, then the first batch;

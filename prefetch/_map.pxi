@@ -279,6 +279,7 @@ cdef class _MapStage(_ThreadWork):
             self.idle_ns += pf_now_ns() - t0
 
     cdef _open_batch(self):
+        cdef bint opened = False
         with self._lock:   # one thread reads the sampler at a time
             opened = self.epochs.open_next(self.asm, self.name)
         if not opened:
