@@ -93,6 +93,14 @@ class Prefetcher(_Lifecycle, Generic[T]):
         self._options = Options.check("prefetch", name=name, depth=depth, workers=workers,
                                       max_bytes=max_bytes, timeout=timeout, copy=copy)
         self._timeout = self._options.timeout
+        kind = type(source)
+        if not hasattr(kind, "__iter__") and hasattr(kind, "__getitem__") and hasattr(kind, "__len__"):
+            # Python would iterate it item by item through __getitem__(0, 1, ...)
+            # (for ever where __getitem__ never raises IndexError): not batches.
+            raise TypeError(f"source {source!r} ({kind.__name__}) has __getitem__ and __len__ but no "
+                            "__iter__: a map-style dataset. To load it in batches on threads, use "
+                            "prefetch.Loader(source, batch_size=...); to prefetch its items one by one, "
+                            "pass iter(source)")
         try:
             iterator = iter(source)
         except TypeError:

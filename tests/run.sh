@@ -22,7 +22,7 @@
 # Skipped tests are listed with their reasons (-rs).
 # Venvs stay in build/test-envs (PREFETCH_ENVS moves them) and are reused while still valid; only
 # the package is reinstalled when the sources changed. Under CI everything is made anew.
-# The three environments' suites run side by side (one after the other under CI).
+# The three environments' suites run one after the other.
 # Exits non-zero when a step fails; pytest-timeout bounds each test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -73,11 +73,8 @@ fi
 core_mx=(tests/core/test_bad_input.py)
 core_torch=(tests/core/test_handover.py::test_arrays_sharing_memory_with_a_framework_tensor_are_copied)
 
-# The three environments are made (or checked) one after the other: pip and the wheel build are
-# not worth overlapping. Their suites then run side by side outside CI (each keeps about 0.7 of 2
-# cores busy: subprocess, fork and timeout cases wait), one log each in build/test-logs, printed
-# whole when its suite ends. Under CI they run one after the other: .ci/run already runs three
-# lanes side by side.
+# The three environments are made (or checked) one after the other, then their suites run one
+# after the other.
 pf_env core "${PYTHON:-$py311}" test
 core_venv="$PF_VENV"
 pf_env mxnet "$py311" test,mxnet
@@ -99,34 +96,12 @@ suite_core() {
 suite_mxnet() { pytest_in "$mx_venv" tests/mx "${core_mx[@]}" -m "not stress" -rs "$@"; }
 suite_torch() { pytest_in "$torch_venv" tests/pytorch "${core_torch[@]}" -m "not stress" -rs "$@"; }
 
-suites=(core mxnet torch)
-if [[ $pf_ci == 1 ]]; then
-    for name in "${suites[@]}"; do
-        echo "=== [$name] tests" >&2
-        "suite_$name" "$@"
-    done
-else
-    logs="$root/build/test-logs"
-    mkdir -p "$logs"
-    declare -A pid
-    for name in "${suites[@]}"; do
-        echo "=== [$name] tests running (log: build/test-logs/$name.log)" >&2
-        "suite_$name" "$@" >"$logs/$name.log" 2>&1 &
-        pid[$name]=$!
-    done
-    failed=()
-    for name in "${suites[@]}"; do
-        rc=0
-        wait "${pid[$name]}" || rc=$?
-        echo "=== [$name] $( ((rc == 0)) && echo passed || echo "FAILED (exit $rc)"):" >&2
-        cat "$logs/$name.log" >&2
-        if ((rc != 0)); then failed+=("$name"); fi
-    done
-    if ((${#failed[@]})); then
-        echo "tests/run.sh: FAILED in ${failed[*]} (logs in build/test-logs)" >&2
-        exit 1
-    fi
-fi
+# One suite at a time: side by side on 2 cores they made the very load that the tests of
+# timing and scheduling cannot stand, and the README's command failed where CI's passed.
+for name in core mxnet torch; do
+    echo "=== [$name] tests" >&2
+    "suite_$name" "$@"
+done
 
 if [[ $matrix == 1 && $pythons == 1 ]]; then python_matrix "$@"; fi
 echo "tests/run.sh: all environments passed" >&2

@@ -143,7 +143,7 @@ pf_env() {  # $1 = name, $2 = python, $3 = extras; needs pf_sdist first; sets PF
     local name="$1" py="$2" extras="$3" key whl
     if [[ ",$extras," == *,torch,* ]]; then name=torch; extras="test,bench,torch,bench-peers"; fi
     PF_VENV="$pf_envs/$name"
-    key="$(pf_hash file:"$root/pyproject.toml" file:"$root/setup.py" \
+    key="$(pf_hash file:"$root/pyproject.toml" file:"$root/setup.py" file:"$root/tests/pins.txt" \
         "$("$py" -c 'import sys; print(sys.version, sys.executable)')" "$name" "$extras")"
     if pf_fresh "$PF_VENV/.run" || [[ "$(cat "$PF_VENV/.key" 2>/dev/null)" != "$key" ]] ||
         ! "$PF_VENV/bin/python" -c "" 2>/dev/null; then
@@ -152,7 +152,8 @@ pf_env() {  # $1 = name, $2 = python, $3 = extras; needs pf_sdist first; sets PF
         "$py" -m venv "$PF_VENV"
         "$PF_VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
         whl="$(pf_wheel "$PF_VENV")"
-        "$PF_VENV/bin/python" -m pip install -q "$whl[$extras]"
+        # The extras' lower bounds, under the versions the tests pin (tests/pins.txt).
+        "$PF_VENV/bin/python" -m pip install -q -c "$root/tests/pins.txt" "$whl[$extras]"
         echo "$key" >"$PF_VENV/.key"
         echo "$pf_run" >"$PF_VENV/.run"
     elif [[ "$(cat "$PF_VENV/.sources" 2>/dev/null)" != "$PF_HASH" ]]; then

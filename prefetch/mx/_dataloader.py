@@ -26,7 +26,7 @@ import numpy as np
 from prefetch._framework import FrameworkLoader
 from prefetch._replica import replica
 from prefetch._resume import check_fits, check_state
-from prefetch._types import ClosedError
+from prefetch._types import ClosedError, Stats
 from prefetch.mx._mxnet import mx
 
 _gluon_data = mx.gluon.data
@@ -484,6 +484,13 @@ class DataLoader(_gluon_data.DataLoader):
         self._seed, self._epoch, self._next = seed, resume.epoch, loader
         if self.auto_reload:
             self.refresh()
+
+    def stats(self):
+        """The counters of the pass begun last, as ``prefetch.Loader.stats()``
+        gives them (a ``prefetch.Stats``: its batches, the threads' time inside
+        ``dataset[i]``, ``load_parallelism``...); all zero before the first pass."""
+        loader = self._latest
+        return Stats() if loader is None else loader.stats()
 
     # -- lifecycle ----------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from prefetch._framework import FrameworkLoader
 from prefetch._options import check_num_workers
 from prefetch._resume import check_fits
-from prefetch._types import ClosedError
+from prefetch._types import ClosedError, Stats
 from prefetch.torch._device import PinnedHost
 from prefetch.torch._sampler import _Batches
 from prefetch.torch._shards import NOTHING, ShardMap
@@ -138,6 +138,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             check_num_workers(given["num_workers"])
         super().__init__(*args, **kwargs)
         self._gil_noticed = [False]   # the iterators' GIL notice was given (see _ThreadIter)
+        self._ended_stats = [Stats()]   # stats() of the epoch ended last, set by its iterator
 
     __init__.__signature__ = _TORCH_INIT  # type: ignore[attr-defined]  # torch's, for help() and IDEs
 
@@ -233,6 +234,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                       "Please be aware that excessive worker creation might get DataLoader running slow or "
                       "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
                       UserWarning, stacklevel=stacklevel)
+
+    def stats(self) -> Stats:
+        """The counters of the epoch begun last, as ``prefetch.Loader.stats()``
+        gives them (a ``prefetch.Stats``: its batches, the threads' time inside
+        ``dataset[i]``, ``load_parallelism``...); all zero before the first epoch."""
+        last = self._last() if self._last is not None else None
+        if isinstance(last, _ThreadIter) and not last._done:
+            return last._source.stats()  # type: ignore[no-any-return]
+        return self._ended_stats[0]
 
     def close(self) -> None:
         """Stops its threads at once, persistent or not (idempotent): an
@@ -346,6 +356,7 @@ class _ThreadIter:
         accelerator = torch.accelerator.current_accelerator() if self._pin else None
         self._pin_device = accelerator.type if accelerator is not None else None
         self._timeout = loader.timeout
+        self._ended_stats = loader._ended_stats   # its stats() once it ends, for the DataLoader's
         self._dataset = loader.dataset
         self._index_sampler = loader._index_sampler
         self._iterable = isinstance(loader.dataset, IterableDataset)
@@ -506,6 +517,7 @@ class _ThreadIter:
     def _end(self, close: bool) -> None:
         """The epoch is over: tasks waiting for their turn return; threads go if ``close``."""
         self._done = True
+        self._ended_stats[0] = self._source.stats()
         if self._iterable:
             self._source.cancel()
         else:

@@ -23,6 +23,7 @@ from typing import Any
 from prefetch._core import set_sample_index
 from prefetch._framework import FrameworkMap
 from prefetch._replica import replica
+from prefetch._types import Stats
 from prefetch.torch._worker import DATASETS, _local, worker_info
 
 NOTHING = object()   # a task that made no batch: its worker had ended, or the epoch was cancelled
@@ -265,6 +266,9 @@ class ShardMap:
         """Tasks waiting for room return."""
         if self.now is not None:
             self.now.cancel()
+
+    def stats(self) -> Stats:
+        return Stats() if self.map is None else self.map.stats()
 
     def close(self) -> None:
         self.cancel()

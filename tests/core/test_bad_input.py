@@ -288,3 +288,35 @@ def test_memory_error_for_one_batch_does_not_need_max_bytes_room():
         next(p)
         with pytest.raises(MemoryError):
             next(p)
+
+
+class _MapStyle:
+    """A map-style dataset: __getitem__ and __len__, no __iter__; its
+    __getitem__ never raises IndexError, so the old sequence protocol would
+    iterate it for ever."""
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        return np.full(2, i)
+
+
+@pytest.mark.timeout(10)
+def test_a_map_style_dataset_as_source_is_refused_naming_the_loader():
+    """Issue 35 item 5 (§2: a source that cannot be iterated fails at the
+    call): Prefetcher(dataset) on a map-style dataset iterated its samples one
+    by one through __getitem__(0, 1, ...), here for ever. Now a TypeError at
+    the call names prefetch.Loader, and iter(dataset) is the way to ask for
+    the items one by one."""
+    with pytest.raises(TypeError, match=r"_MapStyle.*no __iter__.*prefetch\.Loader\(source, batch_size="):
+        Prefetcher(_MapStyle())
+
+    class Bounded(_MapStyle):
+        def __getitem__(self, i):
+            if i >= len(self):
+                raise IndexError(i)
+            return np.full(2, i)
+
+    with Prefetcher(iter(Bounded())) as p:
+        assert [int(a[0]) for a in p] == [0, 1, 2]

@@ -259,3 +259,17 @@ def test_the_default_batchify_gives_gluons_batches(samples):
     assert len(ours) == len(theirs) == 3
     for a, b in zip(ours, theirs):
         assert_same(a, b)
+
+
+def test_stats_are_the_loaders_counters_of_the_pass_begun_last():
+    """Issue 35 item 3: the GIL warning points at stats().load_parallelism: the
+    Gluon drop-in has stats(), a prefetch.Stats of the pass begun last."""
+    from prefetch import Stats
+
+    loader = DataLoader(gluon.data.ArrayDataset(np.arange(12, dtype=np.float32)), batch_size=3,
+                        num_workers=2)
+    assert loader.stats() == Stats()
+    assert len(list(loader)) == 4
+    stats = loader.stats()
+    assert stats.consumed == 4 and stats.samples == 12 and stats.workers == 2
+    loader.close()

@@ -594,3 +594,28 @@ def test_close_during_an_epoch_stops_it_and_next_raises_closed(persistent, itera
         next(it)   # and stays so
     with pytest.raises(ClosedError):
         iter(loader)   # a closed DataLoader starts no epoch
+
+
+# -- stats() (issue 35 item 3) ------------------------------------------------------
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_stats_are_the_loaders_counters_of_the_epoch_begun_last(iterable):
+    """The GIL warning points at stats().load_parallelism: the drop-in has
+    stats(), a prefetch.Stats of the epoch begun last (zero before any)."""
+    from prefetch import Stats
+
+    class Counted(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            return iter(range(info.id, 12, info.num_workers))
+
+    ds = Counted() if iterable else TensorDataset(torch.arange(12))
+    loader = DataLoader(ds, batch_size=2, num_workers=2)
+    assert loader.stats() == Stats()
+    got = list(loader)
+    stats = loader.stats()
+    assert isinstance(stats, Stats)
+    # An IterableDataset's workers hand over their ends too: more than the batches.
+    assert (stats.consumed >= 6 if iterable else stats.consumed == 6) and len(got) == 6 and stats.workers == 2
+    assert stats.samples >= (6 if iterable else 12) and stats.load_s > 0
+    loader.close()
