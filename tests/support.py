@@ -2,6 +2,7 @@
 loaders do, a seeded Random, and a fresh-interpreter runner."""
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -239,3 +240,16 @@ class PurePython:
         for k in range(30_000):
             h = (h * 31 + k) & 0xFFFF
         return np.full(2, i), h
+
+
+def readme_examples(framework=None):
+    """The README's ```python examples that import ``framework`` ("torch",
+    "mxnet"), or, with None, those that import neither: each must run as pasted."""
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+    with open(readme, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    def uses(code, name):
+        return re.search(rf"^\s*(import|from) {name}\b", code, re.M) is not None
+    if framework is None:
+        return [b for b in blocks if not uses(b, "torch") and not uses(b, "mxnet")]
+    return [b for b in blocks if uses(b, framework)]

@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from support import readme_examples, run_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 DOCS = os.path.join(ROOT, "docs")
@@ -92,3 +94,12 @@ def test_the_design_table_has_a_row_for_every_file_of_the_core():
               if n.startswith("pf_") and n.endswith(".h")]
     missing = [n for n in names if f"`{n}" not in design]
     assert not missing, missing
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("code", readme_examples(None), ids=lambda c: c.splitlines()[0][:40])
+def test_the_readmes_examples_run_as_pasted(code):
+    """Issue 35 item 6: each numpy-only example of the README runs as pasted
+    (those that import torch or MXNet run in their environments' suites)."""
+    r = run_python(code, timeout=50)
+    assert r.returncode == 0, r.stderr
