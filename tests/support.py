@@ -63,10 +63,16 @@ class Rand(random.Random):
 
 def run_python(code, timeout=60, env=None):
     """Run `code` in a fresh interpreter; returns CompletedProcess (text)."""
+    return run_script("-c", [code], timeout, env)
+
+
+def run_script(script, args=(), timeout=60, env=None):
+    """Run the Python file ``script`` (or "-c", code) with ``args`` in a fresh
+    interpreter; returns CompletedProcess (text)."""
     full_env = dict(os.environ, PYTHONFAULTHANDLER="1", **(env or {}))
     # Not the checkout: its prefetch/ has no compiled core when installed non-editable.
     # A session of its own, so a timeout kills forked grandchildren too.
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=full_env, cwd=tempfile.gettempdir(), start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -15,7 +15,8 @@
 #                       made anew. When only the sources changed, just the package is reinstalled
 #                       (pip install --no-deps --force-reinstall). Sets PF_VENV.
 #                       One torch: any EXTRAS naming torch (the tests' "test,torch", the benchmark's
-#                       "bench,torch,bench-peers") get the one venv NAME=torch with all four, so torch
+#                       "bench,torch,bench-peers") get the one venv NAME=torch with all five (with
+#                       "test-frameworks": Lightning and Accelerate, for the torch tests), so torch
 #                       (about 1.1 GB) is installed once in build/ and not once per command.
 #   pf_find_python 3.X  prints an interpreter of that version, or nothing.
 # Under CI (CI set and not "false"/"0") every venv and the sdist are made anew once per CI run
@@ -141,7 +142,7 @@ pf_wheel() {  # $1 = venv: prints the wheel for its interpreter, built from $PF_
 
 pf_env() {  # $1 = name, $2 = python, $3 = extras; needs pf_sdist first; sets PF_VENV
     local name="$1" py="$2" extras="$3" key whl
-    if [[ ",$extras," == *,torch,* ]]; then name=torch; extras="test,bench,torch,bench-peers"; fi
+    if [[ ",$extras," == *,torch,* ]]; then name=torch; extras="test,test-frameworks,bench,torch,bench-peers"; fi
     PF_VENV="$pf_envs/$name"
     key="$(pf_hash file:"$root/pyproject.toml" file:"$root/setup.py" file:"$root/tests/pins.txt" \
         "$("$py" -c 'import sys; print(sys.version, sys.executable)')" "$name" "$extras")"

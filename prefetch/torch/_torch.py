@@ -1,6 +1,6 @@
 """The one guarded import of PyTorch for the adapter: an ImportError that says
 what to install, instead of whatever a missing or broken torch raises."""
-_INSTALL = "in a checkout of prefetch: pip install '.[torch]' (torch==2.13.0, the CPU wheel)"
+_INSTALL = "pip install 'prefetch-ring[torch]' (torch 2.13 or newer; for the CPU build install torch from PyTorch's CPU index first)"
 
 try:
     import torch

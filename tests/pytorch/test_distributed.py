@@ -203,9 +203,9 @@ def test_the_rendezvous_skips_with_the_reason_where_loopback_cannot_be_bound(mon
         _rendezvous_store()
 
 
-# -- the README's example, as torchrun runs it ---------------------------------------
+# -- the guide's torchrun script (docs/pytorch.md), as torchrun runs it ------------
 
-# What the README's example leaves to the reader (dataset, net, step), defined
+# What the guide's script leaves to the reader (dataset, net, step), defined
 # before it; after it, each rank saves which samples it trained on and its weights.
 _README_BEFORE = r"""
 import numpy as np
@@ -241,21 +241,23 @@ dist.destroy_process_group()
 
 
 def _readme_example():
-    """The first python block under the README's "Several GPUs or machines"."""
-    path = os.path.join(ROOT, "README.md")
+    """The first python block under docs/pytorch.md's "Several processes (torch.distributed)"
+    (the README's section links to it)."""
+    path = os.path.join(ROOT, "docs", "pytorch.md")
     if not os.path.exists(path):
-        pytest.skip("README.md is not in this tree (an installed wheel)")
+        pytest.skip("docs/pytorch.md is not in this tree (an installed wheel)")
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    m = re.search(r"^## Several GPUs or machines\n.*?^```python\n(.*?)^```", text, flags=re.S | re.M)
-    assert m, "README.md: no python example under '## Several GPUs or machines'"
+    m = re.search(r"^## Several processes \(torch.distributed\)\n.*?^```python\n(.*?)^```", text,
+                  flags=re.S | re.M)
+    assert m, "docs/pytorch.md: no python example under '## Several processes (torch.distributed)'"
     return m.group(1)
 
 
 @pytest.mark.timeout(DEADLINE_S + 30)
-def test_the_readme_example_trains_under_torchrun(tmp_path):
-    """Issue 25 item 4: the README's example, run by torchrun (--standalone: its
-    rendezvous binds port 0 on localhost) as two CPU processes on gloo: each
+def test_the_guides_script_trains_under_torchrun(tmp_path):
+    """Issue 25 item 4: the guide's script (docs/pytorch.md; the README links
+    to it), run by torchrun (--standalone: its rendezvous binds port 0 on localhost) as two CPU processes on gloo: each
     epoch, the two processes' samples are disjoint and cover the data set, and
     the processes end with the same weights (DistributedDataParallel kept them
     in step)."""
