@@ -70,8 +70,9 @@ if [[ $pythons == 2 ]]; then
 fi
 
 # The tests of tests/core that need a framework (they skip without it).
-core_mx=(tests/core/test_bad_input.py)
-core_torch=(tests/core/test_handover.py::test_arrays_sharing_memory_with_a_framework_tensor_are_copied)
+core_mx=(tests/core/test_bad_input.py "tests/core/test_docs.py::test_the_readmes_framework_examples_run_as_pasted[mxnet]")
+core_torch=(tests/core/test_handover.py::test_arrays_sharing_memory_with_a_framework_tensor_are_copied
+            "tests/core/test_docs.py::test_the_readmes_framework_examples_run_as_pasted[torch]")
 
 # The three environments are made (or checked) one after the other, then their suites run one
 # after the other.

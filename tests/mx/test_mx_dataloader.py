@@ -26,8 +26,6 @@ from support import (  # noqa: E402
     SharedDataset,
     UnpicklableDataset,
     assert_same,
-    readme_examples,
-    run_python,
 )
 
 GluonLoader = gluon.data.DataLoader
@@ -281,10 +279,3 @@ def test_stats_are_the_loaders_counters_of_the_pass_begun_last():
     assert stats.consumed == 4 and stats.samples == 12 and stats.workers == 2
     loader.close()
 
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("code", readme_examples("mxnet"), ids=lambda c: c.splitlines()[1][:40])
-def test_the_readmes_gluon_examples_run_as_pasted(code):
-    """Issue 35 item 6: the README's Gluon example runs as pasted."""
-    r = run_python(code, timeout=100)
-    assert r.returncode == 0, r.stderr

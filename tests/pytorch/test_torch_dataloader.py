@@ -29,8 +29,6 @@ from support import (  # noqa: E402
     SharedDataset,
     UnpicklableDataset,
     assert_same,
-    readme_examples,
-    run_python,
 )
 
 Point = collections.namedtuple("Point", "x y")
@@ -627,10 +625,3 @@ def test_stats_are_the_loaders_counters_of_the_epoch_begun_last(iterable):
     assert stats.samples >= (6 if iterable else 12) and stats.load_s > 0
     loader.close()
 
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("code", readme_examples("torch"), ids=lambda c: c.splitlines()[1][:40])
-def test_the_readmes_torch_examples_run_as_pasted(code):
-    """Issue 35 item 6: the README's PyTorch example runs as pasted."""
-    r = run_python(code, timeout=100)
-    assert r.returncode == 0, r.stderr
