@@ -6,8 +6,12 @@ libraries and scripts that make loaders themselves (Accelerate's
 The classes are replaced where they are defined and where torch exports
 them, and every name already bound to them in a module imported before the
 call (``from torch.utils.data import DataLoader`` at a library's import) is
-rebound too, so the order of imports does not matter. ``unpatch()`` puts
-back exactly what ``patch()`` replaced, names included.
+rebound too, so the order of imports does not matter. What takes a class's
+place is a stand-in: calling it builds the drop-in, and ``isinstance`` and
+``issubclass`` against it answer for the class it replaced too, so a
+library's ``isinstance(x, torch.utils.data.DataLoader)`` still recognises a
+loader made before the patch (Accelerate's ``prepare()`` checks so).
+``unpatch()`` puts back exactly what ``patch()`` replaced, names included.
 """
 from __future__ import annotations
 
@@ -19,28 +23,43 @@ from typing import Any
 from prefetch.torch._dataloader import DataLoader
 from prefetch.torch._torch import torch
 
-# Where each class lives (module, attribute); torchdata's only where torchdata is installed.
-_HOMES = {
-    "torch": (("torch.utils.data", "DataLoader"), ("torch.utils.data.dataloader", "DataLoader")),
-    "torchdata": (("torchdata.stateful_dataloader", "StatefulDataLoader"),
-                  ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader")),
-}
 _lock = threading.Lock()
 _replaced: list[tuple[Any, str, Any]] = []   # (module, name, what it held): what unpatch() restores
 
 
-def _originals() -> list[Any]:
+class _StandIn(type):
+    """The metaclass of what patch() puts in a class's place: the drop-in, for
+    which isinstance/issubclass also answer for the class replaced."""
+
+    replaced: type
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, (cls.replaced, DataLoader))
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, (cls.replaced, DataLoader))
+
+
+def _stand_in(original: type) -> type:
+    """A subclass of the drop-in, named as ``original``, standing in for it."""
+    cls = _StandIn(original.__name__, (DataLoader,), {"__module__": DataLoader.__module__,
+                                                       "__qualname__": original.__qualname__,
+                                                       "__doc__": DataLoader.__doc__})
+    cls.replaced = original
+    return cls
+
+
+def _originals() -> list[type]:
     """The classes patch() replaces: torch's DataLoader, torchdata's StatefulDataLoader if installed."""
-    found = [torch.utils.data.DataLoader]
+    found: list[type] = [torch.utils.data.DataLoader]
     try:
-        module = importlib.import_module(_HOMES["torchdata"][0][0])
+        found.append(importlib.import_module("torchdata.stateful_dataloader").StatefulDataLoader)
     except ImportError:
-        return found
-    found.append(module.StatefulDataLoader)
+        pass
     return found
 
 
-def patch() -> type[DataLoader]:
+def patch() -> type:
     """From now on, code that builds ``torch.utils.data.DataLoader`` (or
     torchdata's ``StatefulDataLoader``) builds ``prefetch.torch.DataLoader``:
     loading on threads of this process. Modules that imported the class
@@ -49,28 +68,19 @@ def patch() -> type[DataLoader]:
     drop-in does not accept (torchdata's ``snapshot_every_n_steps``) fail in
     that call, naming them: never a silent fall-back to processes."""
     with _lock:
-        if _replaced:
-            return DataLoader
-        originals = _originals()
-        for homes in _HOMES.values():
-            for module_name, name in homes:
-                module = sys.modules.get(module_name)
-                if module is not None and getattr(module, name, None) in originals:
-                    _replace(module, name)
-        # Names bound to them elsewhere, before this call (a library's own import).
-        for module in list(sys.modules.values()):
-            space = getattr(module, "__dict__", None)
-            if module is None or not isinstance(space, dict) or module.__name__.startswith("prefetch"):
-                continue
-            for name, value in list(space.items()):
-                if any(value is cls for cls in originals):
-                    _replace(module, name)
-    return DataLoader
-
-
-def _replace(module: Any, name: str) -> None:
-    _replaced.append((module, name, getattr(module, name)))
-    setattr(module, name, DataLoader)
+        if not _replaced:
+            stand_ins = {id(cls): _stand_in(cls) for cls in _originals()}
+            # Where torch and torchdata keep them, and names bound to them
+            # elsewhere before this call (a library's own import).
+            for module in list(sys.modules.values()):
+                space = getattr(module, "__dict__", None)
+                if not isinstance(space, dict) or str(getattr(module, "__name__", "")).startswith("prefetch"):
+                    continue
+                for name, value in list(space.items()):
+                    if id(value) in stand_ins and isinstance(value, type):
+                        _replaced.append((module, name, value))
+                        setattr(module, name, stand_ins[id(value)])
+        return torch.utils.data.DataLoader  # type: ignore[no-any-return]
 
 
 def unpatch() -> None:
@@ -79,5 +89,5 @@ def unpatch() -> None:
     with _lock:
         while _replaced:
             module, name, was = _replaced.pop()
-            if getattr(module, name, None) is DataLoader:
+            if type(getattr(module, name, None)) is _StandIn:
                 setattr(module, name, was)

@@ -16,7 +16,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
 import prefetch.torch  # noqa: E402
@@ -60,15 +59,20 @@ def test_patch_replaces_torchs_class_everywhere_and_unpatch_restores_each_name_a
     try:
         stateful = pytest.importorskip("torchdata.stateful_dataloader")
         torchdata_original = stateful.StatefulDataLoader
-        assert prefetch.torch.patch() is DataLoader
-        assert prefetch.torch.patch() is DataLoader   # twice: no double wrapping
-        assert torch.utils.data.DataLoader is DataLoader and home.DataLoader is DataLoader
-        assert early.Loader is DataLoader
-        assert stateful.StatefulDataLoader is DataLoader
+        before = original(list(range(4)), batch_size=2)   # a loader made before the patch
+        stand_in = prefetch.torch.patch()
+        assert prefetch.torch.patch() is stand_in      # twice: no double wrapping
+        assert torch.utils.data.DataLoader is stand_in and home.DataLoader is stand_in
+        assert early.Loader is stand_in
+        assert stateful.StatefulDataLoader is not torchdata_original
+        for cls in (stand_in, stateful.StatefulDataLoader):
+            made = cls(list(range(6)), batch_size=3, num_workers=2)
+            assert isinstance(made, DataLoader) and [b.tolist() for b in made] == [[0, 1, 2], [3, 4, 5]]
+            made.close()
+        # A library's isinstance check still knows torch's loaders (Accelerate's prepare() asks).
+        assert isinstance(before, torch.utils.data.DataLoader) and isinstance(made, stateful.StatefulDataLoader)
+        assert issubclass(original, torch.utils.data.DataLoader)
         assert DataLoader.__mro__[1] is original       # the drop-in itself still derives from torch's
-        made = torch.utils.data.DataLoader(list(range(6)), batch_size=3, num_workers=2)
-        assert type(made) is DataLoader and [b.tolist() for b in made] == [[0, 1, 2], [3, 4, 5]]
-        made.close()
         prefetch.torch.unpatch()
         prefetch.torch.unpatch()                       # twice: a no-op
         assert torch.utils.data.DataLoader is original and home.DataLoader is original
@@ -87,47 +91,89 @@ def test_an_argument_the_drop_in_refuses_fails_the_frameworks_call(patched):
 
 
 # -- Accelerate ------------------------------------------------------------------------
+# In a process of its own: importing Accelerate here would grow this process's heap,
+# and every later test's garbage collection with it (the torch suite took 2 min longer).
 
-def test_accelerates_prepare_after_patch_loads_on_threads_of_this_process_every_sample_once(patched):
-    accelerate = pytest.importorskip("accelerate", reason="Accelerate is not installed")
-    ds = Recorded(40)
-    loader = TorchLoader(ds, batch_size=4, shuffle=True, num_workers=2)   # a script's own loader
-    prepared = accelerate.Accelerator(cpu=True).prepare(loader)
-    assert isinstance(prepared.base_dataloader, DataLoader)   # Accelerate rebuilt it: the drop-in
-    got = [int(x) for b in prepared for x in b.flatten()]
-    assert sorted(got) == list(range(40))
-    assert {pid for _, pid, _ in ds.calls} == {os.getpid()}
-    assert {name.rpartition("-w")[0] for _, _, name in ds.calls} == {"torch-DataLoader"}
-    prepared.base_dataloader.close()
+_ACCELERATE = """
+import json, os, sys, threading
+import torch
+import accelerate                      # imported first, as a script's imports are
+from accelerate.utils import DataLoaderConfiguration
+import prefetch.torch
 
+class Recorded(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n, self.calls = n, []
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        self.calls.append((os.getpid(), threading.current_thread().name))
+        return torch.tensor([float(i)])
 
-def test_accelerates_stateful_prepare_resumes_through_its_own_state_dict(patched):
-    """Accelerate's own save/load of a loader's state (use_stateful_dataloader,
-    which builds torchdata's class: the drop-in after patch())."""
-    accelerate = pytest.importorskip("accelerate", reason="Accelerate is not installed")
-    pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
-    from accelerate.utils import DataLoaderConfiguration
+def prepared(loader, **config):
+    return accelerate.Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**config)).prepare(loader)
 
-    def prepared(seed):
-        torch.manual_seed(seed)
-        config = DataLoaderConfiguration(use_stateful_dataloader=True)
-        acc = accelerate.Accelerator(cpu=True, dataloader_config=config)
-        return acc.prepare(TorchLoader(Recorded(24), batch_size=4, shuffle=True, num_workers=2))
+def stateful(n, seed):
+    torch.manual_seed(seed)
+    loader = torch.utils.data.DataLoader(Recorded(n), batch_size=4, shuffle=True, num_workers=2)
+    return prepared(loader, use_stateful_dataloader=True)
 
-    whole = prepared(7)
-    assert isinstance(whole.base_dataloader, DataLoader)
+out = {}
+ds = Recorded(40)
+mine = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)   # before patch()
+prefetch.torch.patch()
+p = prepared(mine)
+out["kind"] = isinstance(p.base_dataloader, prefetch.torch.DataLoader)
+out["seen"] = sorted(int(x) for b in p for x in b.flatten())
+out["where"] = sorted({(pid == os.getpid(), name.rpartition("-w")[0]) for pid, name in ds.calls})
+p.base_dataloader.close()
+if sys.argv[1] == "stateful":
+    whole = stateful(24, 7)
+    out["stateful_kind"] = isinstance(whole.base_dataloader, prefetch.torch.DataLoader)
     expected = [b.flatten().tolist() for b in whole]
-    first = prepared(7)
+    first = stateful(24, 7)
     it = iter(first)
     head = [next(it).flatten().tolist() for _ in range(3)]
-    state = first.state_dict()
-    json.dumps(state)
-    resumed = prepared(99)   # another global seed: the state restores the order
+    state = json.loads(json.dumps(first.state_dict()))   # as saved to a file
+    resumed = stateful(24, 99)   # another global seed: the state restores the order
     resumed.load_state_dict(state)
     rest = [b.flatten().tolist() for b in resumed]
-    assert head + rest == expected
-    for p in (whole, first, resumed):
-        p.base_dataloader.close()
+    out["resumed"] = [head, rest, expected]
+    for q in (whole, first, resumed):
+        q.base_dataloader.close()
+print(json.dumps(out))
+"""
+
+
+def _accelerate(tmp_path, what):
+    pytest.importorskip("accelerate", reason="Accelerate is not installed")
+    script = tmp_path / "prepare.py"
+    script.write_text(_ACCELERATE)
+    r = run_script(str(script), [what], timeout=110)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+@pytest.mark.timeout(120)
+def test_accelerates_prepare_after_patch_loads_on_threads_of_this_process_every_sample_once(tmp_path):
+    """A torch loader made before patch(), Accelerate imported before it too:
+    prepare() rebuilds it as the drop-in, which loads every sample once on
+    threads of the training process."""
+    got = _accelerate(tmp_path, "prepare")
+    assert got["kind"] is True, got
+    assert got["seen"] == list(range(40))
+    assert got["where"] == [[True, "torch-DataLoader"]], got
+
+
+@pytest.mark.timeout(120)
+def test_accelerates_stateful_prepare_resumes_through_its_own_state_dict(tmp_path):
+    """Accelerate's own save/load of a loader's state (use_stateful_dataloader,
+    which builds torchdata's class: the drop-in after patch())."""
+    pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    got = _accelerate(tmp_path, "stateful")
+    assert got["stateful_kind"] is True, got
+    head, rest, expected = got["resumed"]
+    assert len(head) == 3 and head + rest == expected
 
 
 # -- Lightning ---------------------------------------------------------------------------
