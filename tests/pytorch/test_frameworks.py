@@ -6,6 +6,7 @@ ranks (gloo, loopback), each rank's samples those of torch's own loader.
 
 The frameworks are installed in the torch test environment (tests/venvs.sh,
 the test-frameworks extra); where one is missing its tests skip, saying so."""
+import importlib.util
 import json
 import os
 import sys
@@ -91,8 +92,9 @@ def test_an_argument_the_drop_in_refuses_fails_the_frameworks_call(patched):
 
 
 # -- Accelerate ------------------------------------------------------------------------
-# In a process of its own: importing Accelerate here would grow this process's heap,
-# and every later test's garbage collection with it (the torch suite took 2 min longer).
+# In processes of their own, and not even imported here to see whether they are installed:
+# importing Accelerate or Lightning into this process grew its heap, and every later test's
+# garbage collection with it (the torch suite took 100 s longer).
 
 _ACCELERATE = """
 import json, os, sys, threading
@@ -145,8 +147,14 @@ print(json.dumps(out))
 """
 
 
+def _installed(name, what):
+    """Skip unless ``name`` is installed; found without importing it here (see above)."""
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{what} is not installed")
+
+
 def _accelerate(tmp_path, what):
-    pytest.importorskip("accelerate", reason="Accelerate is not installed")
+    _installed("accelerate", "Accelerate")
     script = tmp_path / "prepare.py"
     script.write_text(_ACCELERATE)
     r = run_script(str(script), [what], timeout=110)
@@ -169,7 +177,7 @@ def test_accelerates_prepare_after_patch_loads_on_threads_of_this_process_every_
 def test_accelerates_stateful_prepare_resumes_through_its_own_state_dict(tmp_path):
     """Accelerate's own save/load of a loader's state (use_stateful_dataloader,
     which builds torchdata's class: the drop-in after patch())."""
-    pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
+    _installed("torchdata", "torchdata")
     got = _accelerate(tmp_path, "stateful")
     assert got["stateful_kind"] is True, got
     head, rest, expected = got["resumed"]
@@ -234,7 +242,7 @@ def test_lightnings_trainer_keeps_the_drop_in_and_each_rank_gets_torchs_samples(
     drop-in, loads on threads of each rank's own process, and each rank
     trains on the samples, in the order, that torch's own loader gives that
     rank in the same script."""
-    pytest.importorskip("lightning", reason="Lightning is not installed")
+    _installed("lightning", "Lightning")
     script = tmp_path / "train.py"
     script.write_text(_LIGHTNING)
     for loader in ("prefetch", "torch"):
