@@ -342,6 +342,11 @@ cdef class _MapStage(_ThreadWork):
 
     cdef _sized(self, _Batch b, uint64_t nbytes):
         """``b``'s size is known: its bytes replace the estimate held for it."""
+        if self.epochs.ahead.max_bytes == 0:
+            # No cap: nothing to recount and nobody waits for room in bytes (a
+            # batch_size=None loader or map meets this once per sample).
+            b.held = nbytes
+            return
         with self._cv:
             self.epochs.ahead.resize(b, nbytes, self.epochs.epoch_of(b) is not None)
             self._cv.notify_all()   # an estimate now exists: more batches may open
