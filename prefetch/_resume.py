@@ -133,13 +133,14 @@ def check_fits(owner: str, saved_length: Any, saved_batch_size: Any, dataset_len
 
 def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, seed: Optional[int],
                 batches_per_epoch: int, sampler_has_state: bool, framework: Optional[str] = None,
-                workers: Optional[int] = None) -> tuple[_Resume, int]:
+                workers: Optional[int] = None, owner: str = "loader") -> tuple[_Resume, int]:
     """The resume ``state`` (from ``state_dict()``) describes, and its seed;
     ValueError for one that does not fit a loader over a dataset of
     ``dataset_length`` (None: a stream, whose state has one part per worker
     of its ``workers``) with ``batch_size``, its own ``seed`` (None: any),
     ``batches_per_epoch`` (-1: unknown), and whose state's framework part is
-    ``framework``'s (None: the Loader's own, which has none)."""
+    ``framework``'s (None: the Loader's own, which has none). Messages call
+    the loader ``owner``."""
     fixed_seed = seed
 
     if not isinstance(state, dict):
@@ -162,8 +163,8 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, s
         raise ValueError(f"state was saved by {_owner(saved_name)}; this is {_owner(framework)}")
     stream, saved_stream = dataset_length is None, state["dataset_length"] is None
     if stream != saved_stream:
-        raise ValueError(f"state was saved for {_kind(saved_stream)}; this loader's dataset is {_kind(stream)}")
-    check_fits("loader", state["dataset_length"], state["batch_size"], dataset_length, batch_size)
+        raise ValueError(f"state was saved for {_kind(saved_stream)}; this {owner}'s dataset is {_kind(stream)}")
+    check_fits(owner, state["dataset_length"], state["batch_size"], dataset_length, batch_size)
     try:
         seed = check_int("seed", state["seed"], 0, MAX_SEED)
         epoch = check_int("epoch", state["epoch"], 0, MAX_EPOCH)
@@ -179,20 +180,20 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, s
         raise ValueError(f"state has batches={batches} and out_of_order={extras!r}, which do not "
                          "fit together (edited?)")
     if fixed_seed is not None and seed != fixed_seed:
-        raise ValueError(f"state was saved with seed={seed}; this loader has seed={fixed_seed}")
+        raise ValueError(f"state was saved with seed={seed}; this {owner} has seed={fixed_seed}")
     total = batches_per_epoch
     if total >= 0 and batches > total:
         raise ValueError(f"state says {batches} batches of epoch {epoch} were delivered; this "
-                         f"loader has {total} per epoch")
+                         f"{owner} has {total} per epoch")
     sampler = state["sampler"]
     if sampler is not None and not sampler_has_state:
-        raise ValueError("state holds a sampler's state, and this loader's sampler has no "
+        raise ValueError(f"state holds a sampler's state, and this {owner}'s sampler has no "
                          "state_dict()/load_state_dict()")
     streams = state["streams"]
     if stream:
-        _check_streams(streams, workers)
+        _check_streams(streams, workers, owner)
     elif streams is not None:
-        raise ValueError("state holds a stream's parts, and this loader's dataset is map-style (edited?)")
+        raise ValueError(f"state holds a stream's parts, and this {owner}'s dataset is map-style (edited?)")
     return _Resume(epoch, prefix, extras, sampler, streams, saved_framework), seed
 
 
@@ -207,7 +208,7 @@ def _kind(stream: bool) -> str:
 STREAM_PART_KEYS = ("batches", "dataset", "iterator")
 
 
-def _check_streams(streams: Any, workers: Optional[int]) -> None:
+def _check_streams(streams: Any, workers: Optional[int], owner: str) -> None:
     """A stream's parts: ``{"next": w, "workers": [part per worker]}``, each
     part the batches its worker delivered and its dataset's and iterator's
     own states (or None)."""
@@ -224,7 +225,7 @@ def _check_streams(streams: Any, workers: Optional[int]) -> None:
         raise ValueError(f"state has bad stream parts (truncated or edited?): {exc}") from None
     if workers is not None and len(parts) != workers:
         raise ValueError(f"state was saved with {len(parts)} worker(s) reading the stream, each at its "
-                         f"own position; this loader has {workers}")
+                         f"own position; this {owner} has {workers}")
 
 
 class _LoaderState:

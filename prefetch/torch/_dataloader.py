@@ -213,11 +213,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """
         if self._closed:
             raise ClosedError("this DataLoader is closed: cannot load a state into it")
+        if isinstance(state, dict) and "_iterator_finished" in state:
+            # torchdata's key, which Accelerate sets on any loader's state
+            # (whether its epoch ended): the state itself says that here.
+            state = {k: v for k, v in state.items() if k != "_iterator_finished"}
         iterable = isinstance(self.dataset, IterableDataset)
         resume, seed = check_state(
             state, dataset_length=None if iterable else len(self.dataset), batch_size=self.batch_size,
             seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
-            framework=TORCH_LOADER, workers=max(self.num_workers, 1) if iterable else None)
+            framework=TORCH_LOADER, workers=max(self.num_workers, 1) if iterable else None, owner="DataLoader")
         try:
             part = resume.framework
             draw = torch.Generator()
