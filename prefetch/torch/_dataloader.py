@@ -16,6 +16,7 @@ on the consumer's thread.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import copy
 import inspect
 import os
@@ -32,8 +33,8 @@ from prefetch._options import MAX_EPOCH, check_int, check_num_workers
 from prefetch._resume import check_state, make_state
 from prefetch._types import ClosedError, Stats
 from prefetch.torch._device import PinnedHost
-from prefetch.torch._sampler import _Batches, _generators, decode_generator, encode_generator
-from prefetch.torch._shards import NOTHING, ShardMap, fresh_part
+from prefetch.torch._sampler import _Batches, _generators, decode_generator, drawing_from, encode_generator
+from prefetch.torch._shards import NOTHING, ShardMap, fresh_part, stateful
 from prefetch.torch._torch import torch
 from prefetch.torch._worker import InitThread, get_worker_info, thread_replica
 
@@ -187,7 +188,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         seed = _base_seed(draw)
         framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
         if isinstance(self.dataset, IterableDataset):
-            streams = {"next": 0, "workers": [fresh_part() for _ in range(max(self.num_workers, 1))]}
+            # New workers copy the dataset as it is now: its own state with it
+            # (a pass counter kept across epochs; with 0 workers, the one object).
+            dataset = self.dataset
+            own = dataset.state_dict() if stateful(dataset) and not hasattr(dataset, "__next__") else None
+            part = dict(fresh_part(), dataset=own)
+            streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
             return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=None,
                               batch_size=self.batch_size, sampler=None, streams=streams, framework=framework)
         generators = [encode_generator(g) for g in _generators(self._index_sampler, generator)]
@@ -445,18 +451,14 @@ class _ThreadIter:
                        timeout=loader.timeout or None, name="torch-DataLoader")
         # Drawn as torch draws it, before the sampler runs: the same generator
         # state gives the same shuffle as torch's. A resumed state sets the
-        # generator to where it was (torch's global one only for the draw:
-        # the user's is put back).
+        # generator to where it was (torch's global one: see drawing_from).
         generator = loader.generator if loader.generator is not None else torch.default_generator
         resume, loader._resume = loader._resume, None
-        users = None
-        if resume is not None:
-            users = generator.get_state() if loader.generator is None else None
-            generator.set_state(decode_generator(resume["framework"]["iterator_rng"]))
-        framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
-        base_seed = _base_seed(loader.generator)
-        if users is not None:
-            generator.set_state(users)
+        with contextlib.ExitStack() as drawing:
+            if resume is not None:
+                drawing.enter_context(drawing_from(generator, decode_generator(resume["framework"]["iterator_rng"])))
+            framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+            base_seed = _base_seed(loader.generator)
         self._batches: _Batches | None = None
         self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
         if self._iterable:

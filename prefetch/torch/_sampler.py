@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import copy
 import threading
 from typing import Any, NamedTuple, Optional
@@ -155,24 +156,18 @@ class _Batches:
         state's generators and samplers), ``ahead`` batches read (and those
         the Loader drops); the plan's batches, or the batches read, in order."""
         state, self.pending = self.pending, None
-        users = None
-        if state is not None:
-            if torch.default_generator in self.generators:
-                users = torch.default_generator.get_state()   # the user's: restored once read
-            for g, saved in zip(self.generators, state["generators"]):
-                g.set_state(decode_generator(saved))
-            for s, saved in zip(self.stateful, state["samplers"]):
-                s.load_state_dict(copy.deepcopy(saved))
-        try:
+        with contextlib.ExitStack() as drawing:
+            if state is not None:
+                for g, saved in zip(self.generators, state["generators"]):
+                    drawing.enter_context(drawing_from(g, decode_generator(saved)))
+                for s, saved in zip(self.stateful, state["samplers"]):
+                    s.load_state_dict(copy.deepcopy(saved))
             with self.lock:
                 plan = _plan(self.sampler, self.single, self.number)
                 self.plan = plan
                 self.next_plan = None if plan is None else plan.following()
                 self._open()
             self.read_to(self.ahead + self.dropped)
-        finally:
-            if users is not None:
-                torch.default_generator.set_state(users)
         self.dropped = 0
         if self.plan is not None:
             return self.plan.batches()
@@ -251,6 +246,22 @@ def _generators(index_sampler: Any, generator: Any) -> list[Any]:
     if isinstance(own, torch.Generator) and own.device.type == "cpu" and own is not generator:
         found.append(own)
     return found
+
+
+@contextlib.contextmanager
+def drawing_from(generator: Any, saved: Any) -> Any:
+    """Draws from ``generator`` set to a resumed state's ``saved`` one. torch's
+    global generator is the user's too: where it was elsewhere than the saved
+    state (the user's own, restored from the same checkpoint or not), it is
+    put back after; where it was there already (a state loaded in the run
+    that saved it), the draws stay drawn, as in an uninterrupted run."""
+    users = generator.get_state() if generator is torch.default_generator else None
+    generator.set_state(saved)
+    try:
+        yield
+    finally:
+        if users is not None and not torch.equal(users, saved):
+            generator.set_state(users)
 
 
 def encode_generator(generator: Any) -> str:

@@ -102,15 +102,15 @@ class _Shard:
         iterator's own state; where neither has one, the batches delivered
         before are read again and dropped."""
         part, self.resume = self.resume, None
-        if part is not None and part["dataset"] is not None and _stateful(self.dataset):
+        if part is not None and part["dataset"] is not None and stateful(self.dataset):
             self.dataset.load_state_dict(copy.deepcopy(part["dataset"]))
         self.iterator = iter(self.dataset)
-        self.own_state = self.iterator is not self.dataset and _stateful(self.dataset)
+        self.own_state = self.iterator is not self.dataset and stateful(self.dataset)
         if part is None:
             return
-        if part["iterator"] is not None and _stateful(self.iterator):
+        if part["iterator"] is not None and stateful(self.iterator):
             self.iterator.load_state_dict(copy.deepcopy(part["iterator"]))
-        elif not (self.own_state or _stateful(self.iterator)):
+        elif not (self.own_state or stateful(self.iterator)):
             for _ in range(part["batches"]):
                 if self._skip_batch():
                     break
@@ -130,12 +130,12 @@ class _Shard:
         only where it is not its own iterator."""
         it = self.iterator
         dataset = copy.deepcopy(self.dataset.state_dict()) if self.own_state else None
-        iterator = copy.deepcopy(it.state_dict()) if it is not None and _stateful(it) else None
+        iterator = copy.deepcopy(it.state_dict()) if it is not None and stateful(it) else None
         self.dataset_state = dataset if self.own_state else self.dataset_state
         return dataset, iterator
 
 
-def _stateful(obj: Any) -> bool:
+def stateful(obj: Any) -> bool:
     """torchdata's Stateful protocol: state_dict() and load_state_dict()."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
