@@ -21,7 +21,9 @@ from torch.utils.data import Dataset, IterableDataset, RandomSampler, Sampler  #
 
 import prefetch.torch  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+              # torchdata's own, from torch's DataLoader internals it calls
+              pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
 
 
 @pytest.fixture(params=["prefetch", "torchdata"])
