@@ -74,12 +74,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     use) is that worker's, while the objects it refers to are shared; one
     that cannot be copied is shared; with ``num_workers=0`` the thread loads
     from the dataset itself. An ``IterableDataset`` is iterated once per
-    worker, from that worker's copy, by that worker's thread alone (as by
+    worker, from that worker's copy (a deep one where it can be made: a
+    stream's objects hold its position, as each worker process's own), by
+    that worker's thread alone (as by
     one worker process: a connection opened in ``__iter__`` works); it
-    shards itself through
-    ``prefetch.torch.get_worker_info()`` (``torch.utils.data.get_worker_info()``
-    returns None in a thread). One that ignores it yields every sample
-    ``num_workers`` times, as with torch's processes.
+    shards itself through ``torch.utils.data.get_worker_info()``, which
+    answers in these threads as in torch's worker processes (importing
+    ``prefetch.torch`` makes it ``prefetch.torch.get_worker_info``). One
+    that ignores it yields every sample ``num_workers`` times, as with
+    torch's processes.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is

@@ -49,7 +49,7 @@ class _Shard:
     def __init__(self, worker_id: int, loader: Any, base_seed: int) -> None:
         n = loader.num_workers
         self.id = worker_id
-        self.dataset = replica(loader.dataset, DATASETS) if n > 0 else loader.dataset
+        self.dataset = _stream_replica(loader.dataset) if n > 0 else loader.dataset
         self.info = worker_info(worker_id, n, base_seed, self.dataset)
         self.worker_init_fn = loader.worker_init_fn if n > 0 else None
         self.batch_size = loader.batch_size
@@ -133,6 +133,17 @@ class _Shard:
         iterator = copy.deepcopy(it.state_dict()) if it is not None and stateful(it) else None
         self.dataset_state = dataset if self.own_state else self.dataset_state
         return dataset, iterator
+
+
+def _stream_replica(dataset: Any) -> Any:
+    """A worker's copy of a stream: a deep one where it can be made (a
+    stream's objects hold its position: a library's shard iterators and
+    their state, which each worker process has its own of), else the
+    shallow one a map-style dataset's worker has (a lock, an open file)."""
+    try:
+        return copy.deepcopy(dataset)
+    except Exception:
+        return replica(dataset, DATASETS)
 
 
 def stateful(obj: Any) -> bool:
