@@ -78,7 +78,7 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
         return self._framework
 
     def _framework_name(self) -> Optional[str]:
-        return None if self._framework is None else self._framework["name"]  # type: ignore[no-any-return]
+        return None if self._framework is None else self._framework["name"]
 
     @property
     def gil_noticed(self) -> bool:

@@ -500,7 +500,7 @@ class _ThreadIter:
             self._handed = resume["batches"]
             if self._batches is not None:
                 self._batches.dropped = resume["batches"]   # read again as the epoch begins, then dropped
-        self.position = _Position(self._source, self._persistent)
+        self.position = _Position(self, self._source, self._persistent)
         # torch's iterators have no close(): one dropped mid-epoch closes its loader.
         weakref.finalize(self, self._source.close)
         self._done = False
@@ -602,18 +602,23 @@ class _Position:
     iterator is gone (a break) and after it closed: the state of a run that
     saves its checkpoint after leaving its loop, or on shutdown."""
 
-    __slots__ = ("source", "persistent", "finished", "closed")
+    __slots__ = ("source", "persistent", "finished", "closed", "iterator")
 
-    def __init__(self, source: Any, persistent: bool) -> None:
+    def __init__(self, iterator: _ThreadIter, source: Any, persistent: bool) -> None:
         self.source = source
         self.persistent = persistent
         self.finished = False   # the consumer met the end of its epoch
         self.closed = False
+        self.iterator = weakref.ref(iterator)   # not kept alive: dropped, it closes its source
 
     @property
     def running(self) -> bool:
         return not (self.finished or self.closed or self.source.closed)
 
     def close(self) -> None:
+        """The DataLoader closed: its iterator's next() raises ClosedError."""
         self.closed = True
+        iterator = self.iterator()
+        if iterator is not None:
+            iterator.close()
         self.source.close()

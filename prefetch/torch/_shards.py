@@ -23,8 +23,8 @@ from typing import Any
 
 from prefetch._core import set_sample_index
 from prefetch._framework import FrameworkMap
-from prefetch._resume import check_state, make_state
 from prefetch._replica import replica
+from prefetch._resume import check_state, make_state
 from prefetch._types import Stats
 from prefetch.torch._worker import DATASETS, _local, worker_info
 

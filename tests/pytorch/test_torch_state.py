@@ -1,7 +1,6 @@
 """The torch drop-in's resume state at every moment, streams that shard by
 torch's own get_worker_info(), and the state's bad input (issue 34: each
 defect it lists has a test named after it here; SPEC §resume)."""
-import io
 import json
 import threading
 
@@ -12,6 +11,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import Dataset, IterableDataset  # noqa: E402
 
 from prefetch.torch import DataLoader, StatefulDataLoader  # noqa: E402
+from support import run_script  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -54,23 +54,40 @@ def test_torchs_get_worker_info_is_none_on_other_threads_while_workers_run():
     assert seen == [None]
 
 
-def test_hugging_face_datasets_stream_is_sharded_and_resumes_exactly(tmp_path):
+HF_CHILD = r"""
+import json, sys, warnings
+import torch, datasets
+from prefetch.torch import StatefulDataLoader
+warnings.simplefilter("ignore")
+stream = datasets.Dataset.from_dict({"x": list(range(20))}).to_iterable_dataset(num_shards=6)
+with StatefulDataLoader(stream, batch_size=None, num_workers=3) as loader:
+    if sys.argv[1] == "save":
+        it = iter(loader)
+        print(json.dumps([int(next(it)["x"]) for _ in range(7)]))
+        torch.save(loader.state_dict(), sys.argv[2])
+    else:
+        loader.load_state_dict(torch.load(sys.argv[2], weights_only=False))
+        print(json.dumps([int(r["x"]) for r in loader]))
+"""
+
+
+def test_hugging_face_datasets_stream_is_sharded_and_resumes_exactly_in_a_new_process(tmp_path):
+    """Item 6 and the issue's target: num_workers=3, the same examples as
+    torch's DataLoader, once each; stopped mid-epoch, saved with torch.save
+    and restored in a new process, it continues exactly."""
     datasets = pytest.importorskip("datasets")
     stream = datasets.Dataset.from_dict({"x": list(range(20))}).to_iterable_dataset(num_shards=6)
-    theirs = sorted(int(r["x"]) for r in torch.utils.data.DataLoader(stream, batch_size=None, num_workers=3))
+    theirs = [int(r["x"]) for r in torch.utils.data.DataLoader(stream, batch_size=None, num_workers=3)]
     with StatefulDataLoader(stream, batch_size=None, num_workers=3) as loader:
         whole = [int(r["x"]) for r in loader]
-    assert sorted(whole) == theirs == list(range(20))
-    with StatefulDataLoader(stream, batch_size=None, num_workers=3) as loader:
-        it = iter(loader)
-        head = [int(next(it)["x"]) for _ in range(7)]
-        buffer = io.BytesIO()
-        torch.save(loader.state_dict(), buffer)
-    with StatefulDataLoader(stream, batch_size=None, num_workers=3) as resumed:
-        buffer.seek(0)
-        resumed.load_state_dict(torch.load(buffer, weights_only=False))
-        tail = [int(r["x"]) for r in resumed]
-    assert head + tail == whole
+    assert whole == theirs and sorted(whole) == list(range(20))
+    script, path = tmp_path / "hf.py", str(tmp_path / "state.pt")
+    script.write_text(HF_CHILD)
+    saved = run_script(str(script), ["save", path], timeout=120)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    resumed = run_script(str(script), ["load", path], timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(saved.stdout) + json.loads(resumed.stdout) == whole
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")   # webdataset leaves its tar files to the gc

@@ -276,7 +276,7 @@ def test_stateful_dataloader_iterable2(SDL, case):
 def test_stateful_dataloader_map(SDL, case):
     dataset = Records(100)
     for (workers, pw, steps), batch_size, interrupt in itertools.product(CASES[case], [None, 7], [0, 1, 10]):
-        def make():
+        def make(workers=workers, pw=pw, steps=steps, batch_size=batch_size):
             sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(13))
             return SDL(dataset=dataset, num_workers=workers, collate_fn=identity, snapshot_every_n_steps=steps,
                        persistent_workers=pw, batch_size=batch_size, sampler=sampler)
@@ -287,7 +287,7 @@ def test_stateful_dataloader_map(SDL, case):
 def test_stateful_sampler(SDL, case):
     dataset = Records(100)
     for (workers, pw, steps), batch_size, interrupt in itertools.product(CASES[case], [None, 7], [0, 1, 10]):
-        def make():
+        def make(workers=workers, pw=pw, steps=steps, batch_size=batch_size):
             return SDL(dataset=dataset, num_workers=workers, collate_fn=identity, snapshot_every_n_steps=steps,
                        persistent_workers=pw, batch_size=batch_size, sampler=IterStateSampler(100))
         _resume_matches_the_rest(make, interrupt)
@@ -330,7 +330,7 @@ def test_snapshot_zero_map_shuffle(SDL):
 def test_snapshot_end_generator(SDL, dataset):
     """test_generator and test_generator_no_state."""
     for pw, bs in itertools.product((False, True), (None, 4)):
-        def make():
+        def make(pw=pw, bs=bs):
             return SDL(dataset=dataset([0, 100, 37]), num_workers=3, collate_fn=identity,
                        snapshot_every_n_steps=10, persistent_workers=pw, batch_size=bs)
         dl = make()
@@ -347,7 +347,7 @@ def test_snapshot_end_generator(SDL, dataset):
 
 def test_snapshot_end_map_shuffle(SDL):
     for pw, bs in itertools.product((False, True), (None, 4)):
-        def make():
+        def make(pw=pw, bs=bs):
             return SDL(dataset=Records(100), shuffle=True, num_workers=3, collate_fn=identity,
                        snapshot_every_n_steps=10, persistent_workers=pw, batch_size=bs)
         dl = make()
