@@ -44,6 +44,9 @@ def _remedy(framework_loader: str) -> str:
     return f"{framework_loader} (processes), wrapped in prefetch.Prefetcher to keep the same batch guarantees"
 
 
+_OWN = object()   # said_batch_size not given: the Loader's own batch_size
+
+
 class FrameworkLoader(Loader):  # type: ignore[type-arg]
     """A Loader over a drop-in's batch sampler.
 
@@ -59,14 +62,15 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
     def __init__(self, dataset: Any, *, remedy: str, per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
-                 framework: Optional[dict[str, Any]] = None, said_batch_size: Any = 1, **kwargs: Any) -> None:
+                 framework: Optional[dict[str, Any]] = None, said_batch_size: Any = _OWN, **kwargs: Any) -> None:
         self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
                            per_thread=None if per_thread is None else _ThreadLoad(per_thread, dataset))
         self._framework = framework
         super().__init__(dataset, **kwargs)
-        # The framework's batch size (its batch sampler makes the batches):
-        # what the resume state records and checks.
-        self.batch_size = said_batch_size
+        if said_batch_size is not _OWN:
+            # The framework's batch size (its batch sampler makes the
+            # batches): what the resume state records and checks.
+            self.batch_size = said_batch_size
 
     def _stage_hooks(self) -> dict[str, Any]:
         return self._hooks
