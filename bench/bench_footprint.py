@@ -19,8 +19,14 @@ children) is killed when the row ends, fails or times out. This process samples 
     prefetch.torch.DataLoader(num_workers=2, 4)  the drop-in, torch's arguments, on threads
     torch DataLoader(num_workers=2, 4)  with multiprocessing_context "fork" (Linux's default
                                   before Python 3.14) and "forkserver" (3.14's default)
-    SPDL, torchdata.nodes, Grain  the thread loaders of bench/_peers.py, 2 threads, in order
-                                  (their documented setup there), default_collate
+    SPDL, torchdata.nodes, Grain  the thread loaders of bench/_peers.py, 2 threads, as set up
+                                  there (in order) over a shuffled view of the dataset (a fixed
+                                  permutation), default_collate
+
+--quick runs the 4-worker torch rows, the peers and (in the training loop) forkserver and the
+Loader in its first repetition only: they would take most of its time (SPDL's per-sample
+tasks run at about 13 batches/s here). Their figures then have no interval, and the targets
+that compare them are left to a full run.
 
 Columns: peak PSS of the tree during the epoch; its growth over the tree's PSS just before
 the loader was made (the dataset built); the peak's excess over the plain loop's peak in the
@@ -89,7 +95,7 @@ def add_arguments(g):
 
 def config(a):
     reps = a.reps or 6
-    return {"reps": reps, "extra_reps": 1 if a.quick else reps, "records": a.footprint_records or (100_000 if a.quick else 1_000_000),
+    return {"reps": reps, "quick": a.quick, "extra_reps": 1 if a.quick else reps, "records": a.footprint_records or (100_000 if a.quick else 1_000_000),
             "epochs": max(1, a.footprint_epochs or (2 if a.quick else 3)), "lock_records": 20_000,
             "validate": {"train": 25_600 if a.quick else 102_400, "eval": 40 * BATCH,
                          "epochs": 2 if a.quick else 3, "step_s": 0.002},
@@ -133,6 +139,21 @@ class Plain:
             yield self.collate([self.ds[i] for i in order[s:s + BATCH].tolist()])
 
 
+class Shuffled:
+    """The dataset seen through a fixed permutation: bench/_peers.py sets the peers up in order,
+    and a shuffled epoch reads the records in random order (a cache miss per record here)."""
+
+    def __init__(self, ds):
+        import numpy as np
+        self.ds, self.order = ds, np.random.default_rng().permutation(len(ds))
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[int(self.order[i])]
+
+
 def _make(row, ds, workers_default=2, shuffle=True):
     """(loader: an iterable of epochs, close or None)."""
     import torch
@@ -153,6 +174,8 @@ def _make(row, ds, workers_default=2, shuffle=True):
         workers, method = TORCH_ROWS[row]
         return torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=shuffle, num_workers=workers,
                                            multiprocessing_context=method), None
+    if shuffle:
+        ds = Shuffled(ds)
     rows, missing = P.rows(ds, BATCH, default_collate, workers=workers_default)
     if row not in rows:
         raise RuntimeError(missing.get(row, f"unknown row {row!r}"))
@@ -338,6 +361,13 @@ def _fmt_mib(xs):
     return "n/a" if iv.n == 0 else (f"{iv.median:.0f}" if math.isnan(iv.lo) else f"{iv.median:.0f} [{iv.lo:.0f}, {iv.hi:.0f}]")
 
 
+def _verdict(rows, *args):
+    """A Verdict that knows the rows it compares (``unresolved`` asks whether they all repeat)."""
+    v = S.Verdict(*args)
+    v.rows = rows
+    return v
+
+
 def _verdicts(res, cfg):
     """The targets over what was measured: res[row] is a list of per-repetition dicts."""
     def ok(row):
@@ -350,23 +380,23 @@ def _verdicts(res, cfg):
     mem = {row: S.interval([x["growth"] / x["dataset"] for x in ok(row)]) for row in OURS}
     st = {row: S.judge(iv, MEM_GOAL, higher_is_better=False) for row, iv in mem.items()}
     worst = max(OURS, key=lambda r: mem[r].median if mem[r].n else -1)
-    out.append(S.Verdict(f"memory: ours grow <= {MEM_GOAL:.0%} of the dataset's PSS (Loader, drop-in; 2 and 4 workers)",
+    out.append(_verdict(OURS, f"memory: ours grow <= {MEM_GOAL:.0%} of the dataset's PSS (Loader, drop-in; 2 and 4 workers)",
                          f"worst {worst}: {mem[worst].text(3)}", S.combine(st.values()),
                          "; ".join(f"{r}: {mem[r].text(3)}" for r in OURS)))
     speed = S.interval(paired(LOADER2, FORK2, lambda x, y: x["bps"] / y["bps"]))
-    out.append(S.Verdict(f"tiny samples: Loader(workers=2) loads >= {SPEED_GOAL:g} x the batches/s of torch's "
+    out.append(_verdict((LOADER2, FORK2), f"tiny samples: Loader(workers=2) loads >= {SPEED_GOAL:g} x the batches/s of torch's "
                          "DataLoader(num_workers=2)", speed.text(2), S.judge(speed, SPEED_GOAL, True)))
     peers = [p for p in P.PEERS if ok(p)]
     if peers:
         vs = {p: S.interval(paired(LOADER2, p, lambda x, y: x["bps"] / y["bps"])) for p in peers}
         best = min(peers, key=lambda p: vs[p].median)
-        out.append(S.Verdict("tiny samples: Loader(workers=2) ahead of every thread peer (batches/s ratio > 1)",
+        out.append(_verdict((LOADER2, *peers), "tiny samples: Loader(workers=2) ahead of every thread peer (batches/s ratio > 1)",
                              f"closest {best}: {vs[best].text(2)}",
                              S.combine(S.judge(iv, 1.0, True) for iv in vs.values()),
                              "; ".join(f"{p}: {iv.text(2)}" for p, iv in vs.items())))
     for other, goal in ((FS2, FIRST_FS), (FORK2, FIRST_FORK)):
         ivs = {r: S.interval(paired(r, other, lambda x, y: x["first_s"] / y["first_s"])) for r in (LOADER2, DROPIN2)}
-        out.append(S.Verdict(f"first batch of a fresh loader <= {goal:g} x torch's DataLoader(num_workers=2) "
+        out.append(_verdict((LOADER2, DROPIN2, other), f"first batch of a fresh loader <= {goal:g} x torch's DataLoader(num_workers=2) "
                              f"with {'forkserver' if other == FS2 else 'fork'} (time; Loader and drop-in, 2 workers)",
                              "; ".join(f"{r.split('(')[0]}: {iv.text(3)}" for r, iv in ivs.items()),
                              S.combine(S.judge(iv, goal, False) for iv in ivs.values())))
@@ -378,7 +408,7 @@ def _validate_verdicts(val):
     for other in (FORK2, FS2):
         iv = S.interval([x["total_s"] / y["total_s"] for x, y in zip(val.get(DROPIN2, []), val.get(other, []))
                          if "error" not in x and "error" not in y])
-        out.append(S.Verdict(f"training + evaluation loop: the drop-in's wall time <= {VALIDATE_GOAL:g} x torch's "
+        out.append(_verdict((DROPIN2, other), f"training + evaluation loop: the drop-in's wall time <= {VALIDATE_GOAL:g} x torch's "
                              f"({'forkserver' if other == FS2 else 'fork'}, the same arguments)", iv.text(2),
                              S.judge(iv, VALIDATE_GOAL, False)))
     return out
@@ -393,8 +423,9 @@ def run(cfg, say):
     val = {row: [] for row in VALIDATE_ROWS}
     v = cfg["validate"]
 
-    def unresolved():
-        return S.open_verdicts(_verdicts(res, cfg) + _validate_verdicts(val))
+    def unresolved():   # more repetitions help only where every row compared runs in each one
+        vs = _verdicts(res, cfg) + _validate_verdicts(val)
+        return S.open_verdicts(v for v in vs if not set(v.rows) - set(CORE + VALIDATE_CORE) or not cfg["quick"])
 
     for rep in S.repetitions(cfg, unresolved, say):
         extra = rep < cfg["extra_reps"]
