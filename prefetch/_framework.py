@@ -58,13 +58,27 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     drop-in's loader of an earlier epoch): it is not given again."""
 
     def __init__(self, dataset: Any, *, remedy: str, per_thread: Optional[Callable[[Any, int], Any]] = None,
-                 lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False, **kwargs: Any) -> None:
+                 lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
+                 framework: Optional[dict[str, Any]] = None, said_batch_size: Any = 1, **kwargs: Any) -> None:
         self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
                            per_thread=None if per_thread is None else _ThreadLoad(per_thread, dataset))
+        self._framework = framework
         super().__init__(dataset, **kwargs)
+        # The framework's batch size (its batch sampler makes the batches):
+        # what the resume state records and checks.
+        self.batch_size = said_batch_size
 
     def _stage_hooks(self) -> dict[str, Any]:
         return self._hooks
+
+    # The drop-in's part of the resume state (its framework's name under
+    # "name"): saved with the Loader's, and a state without it refused.
+
+    def _framework_part(self) -> Any:
+        return self._framework
+
+    def _framework_name(self) -> Optional[str]:
+        return None if self._framework is None else self._framework["name"]
 
     @property
     def gil_noticed(self) -> bool:

@@ -16,9 +16,22 @@ if TYPE_CHECKING:
     from prefetch._core import _Core, _MapEpoch
 
 STATE_FORMAT = "prefetch.Loader"
-STATE_VERSION = 1
+STATE_VERSION = 2
+# "streams": None for a map-style dataset; for a stream (an IterableDataset
+# in a drop-in), each worker's part and the worker whose batch is due next.
+# "framework": None for the Loader; a drop-in's parts, under its framework's name.
 _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", "dataset_length",
-               "batch_size", "sampler")
+               "batch_size", "sampler", "streams", "framework")
+
+
+def make_state(*, seed: int, epoch: int, prefix: int, extras: list[int], dataset_length: Optional[int],
+               batch_size: Any, sampler: Any, streams: Any = None, framework: Any = None) -> dict[str, Any]:
+    """The one resume format, for the Loader and every drop-in: ``prefix``
+    batches of ``epoch`` delivered and those numbered in ``extras`` (out of
+    order) besides; ``dataset_length`` None for a stream."""
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, "seed": seed, "epoch": epoch,
+            "batches": prefix + len(extras), "out_of_order": list(extras), "dataset_length": dataset_length,
+            "batch_size": batch_size, "sampler": sampler, "streams": streams, "framework": framework}
 
 
 class _Resume:
@@ -26,13 +39,16 @@ class _Resume:
     numbered below ``prefix`` nor those in ``extras`` (delivered before the
     state was saved, out of order), the sampler's state restored first."""
 
-    __slots__ = ("epoch", "prefix", "extras", "sampler")
+    __slots__ = ("epoch", "prefix", "extras", "sampler", "streams", "framework")
 
-    def __init__(self, epoch: int, prefix: int, extras: list[int], sampler: Any) -> None:
+    def __init__(self, epoch: int, prefix: int, extras: list[int], sampler: Any, streams: Any = None,
+                 framework: Any = None) -> None:
         self.epoch = epoch
         self.prefix = prefix
         self.extras = extras
         self.sampler = sampler
+        self.streams = streams        # a stream's parts (checked: one per worker), else None
+        self.framework = framework    # a drop-in's parts (its own to check), else None
 
 
 class _Record:
@@ -70,7 +86,9 @@ class _Record:
         """The batches delivered so far: all those numbered below the first
         returned, and the (sorted) numbers of those past it."""
         core, stage, skipped, numbers = self.core, self.stage, self.skipped, self.numbers
-        taken = 0 if core is None else core.consumed
+        # A batch whose error was raised in its place, the epoch going on
+        # (a drop-in's policy), was delivered too.
+        taken = 0 if core is None else core.consumed + core.failed
         if (self.ordered or stage is None) and (skipped is None or not skipped.extras):
             return self.prefix + taken, []   # in order: a count
         with self.lock:
@@ -100,7 +118,7 @@ def _skipping(batches: Iterator[list[Any]], resume: _Resume, numbers: list[int])
         yield keys
 
 
-def check_fits(owner: str, saved_length: Any, saved_batch_size: Any, dataset_length: int,
+def check_fits(owner: str, saved_length: Any, saved_batch_size: Any, dataset_length: Optional[int],
                batch_size: Any) -> None:
     """ValueError where a state saved for a dataset of ``saved_length`` with
     ``saved_batch_size`` does not fit ``owner`` ("loader", "DataLoader"): the
@@ -113,18 +131,22 @@ def check_fits(owner: str, saved_length: Any, saved_batch_size: Any, dataset_len
                          f"batch_size={batch_size!r}")
 
 
-def check_state(state: Any, *, dataset_length: int, batch_size: Optional[int], seed: Optional[int],
-                batches_per_epoch: int, sampler_has_state: bool) -> tuple[_Resume, int]:
-    """The resume ``state`` (from ``Loader.state_dict()``) describes, and its
-    seed; ValueError for one that does not fit a loader over a dataset of
-    ``dataset_length`` with ``batch_size``, its own ``seed`` (None: any) and
-    ``batches_per_epoch`` (-1: unknown)."""
+def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, seed: Optional[int],
+                batches_per_epoch: int, sampler_has_state: bool, framework: Optional[str] = None,
+                workers: Optional[int] = None, owner: str = "loader") -> tuple[_Resume, int]:
+    """The resume ``state`` (from ``state_dict()``) describes, and its seed;
+    ValueError for one that does not fit a loader over a dataset of
+    ``dataset_length`` (None: a stream, whose state has one part per worker
+    of its ``workers``) with ``batch_size``, its own ``seed`` (None: any),
+    ``batches_per_epoch`` (-1: unknown), and whose state's framework part is
+    ``framework``'s (None: the Loader's own, which has none). Messages call
+    the loader ``owner``."""
     fixed_seed = seed
 
     if not isinstance(state, dict):
-        raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
+        raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
     if state.get("format") != STATE_FORMAT:
-        raise ValueError(f"state is not a Loader state (its format is {state.get('format')!r}, "
+        raise ValueError(f"state is not a prefetch loader's state (its format is {state.get('format')!r}, "
                          f"expected {STATE_FORMAT!r})")
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"state has format version {state.get('version')!r}; this version of "
@@ -135,7 +157,14 @@ def check_state(state: Any, *, dataset_length: int, batch_size: Optional[int], s
     unknown = sorted(set(state) - set(_STATE_KEYS))
     if unknown:
         raise ValueError(f"state has unknown keys {', '.join(map(repr, unknown))} (edited?)")
-    check_fits("loader", state["dataset_length"], state["batch_size"], dataset_length, batch_size)
+    saved_framework = state["framework"]
+    saved_name = saved_framework.get("name") if isinstance(saved_framework, dict) else saved_framework
+    if saved_name != framework:
+        raise ValueError(f"state was saved by {_owner(saved_name)}; this is {_owner(framework)}")
+    stream, saved_stream = dataset_length is None, state["dataset_length"] is None
+    if stream != saved_stream:
+        raise ValueError(f"state was saved for {_kind(saved_stream)}; this {owner}'s dataset is {_kind(stream)}")
+    check_fits(owner, state["dataset_length"], state["batch_size"], dataset_length, batch_size)
     try:
         seed = check_int("seed", state["seed"], 0, MAX_SEED)
         epoch = check_int("epoch", state["epoch"], 0, MAX_EPOCH)
@@ -151,16 +180,52 @@ def check_state(state: Any, *, dataset_length: int, batch_size: Optional[int], s
         raise ValueError(f"state has batches={batches} and out_of_order={extras!r}, which do not "
                          "fit together (edited?)")
     if fixed_seed is not None and seed != fixed_seed:
-        raise ValueError(f"state was saved with seed={seed}; this loader has seed={fixed_seed}")
+        raise ValueError(f"state was saved with seed={seed}; this {owner} has seed={fixed_seed}")
     total = batches_per_epoch
     if total >= 0 and batches > total:
         raise ValueError(f"state says {batches} batches of epoch {epoch} were delivered; this "
-                         f"loader has {total} per epoch")
+                         f"{owner} has {total} per epoch")
     sampler = state["sampler"]
     if sampler is not None and not sampler_has_state:
-        raise ValueError("state holds a sampler's state, and this loader's sampler has no "
+        raise ValueError(f"state holds a sampler's state, and this {owner}'s sampler has no "
                          "state_dict()/load_state_dict()")
-    return _Resume(epoch, prefix, extras, sampler), seed
+    streams = state["streams"]
+    if stream:
+        _check_streams(streams, workers, owner)
+    elif streams is not None:
+        raise ValueError(f"state holds a stream's parts, and this {owner}'s dataset is map-style (edited?)")
+    return _Resume(epoch, prefix, extras, sampler, streams, saved_framework), seed
+
+
+def _owner(framework: Optional[str]) -> str:
+    return "prefetch.Loader" if framework is None else f"a {framework} drop-in"
+
+
+def _kind(stream: bool) -> str:
+    return "an iterable dataset (a stream)" if stream else "a map-style dataset"
+
+
+STREAM_PART_KEYS = ("batches", "dataset", "iterator")
+
+
+def _check_streams(streams: Any, workers: Optional[int], owner: str) -> None:
+    """A stream's parts: ``{"next": w, "workers": [part per worker]}``, each
+    part the batches its worker delivered and its dataset's and iterator's
+    own states (or None)."""
+    try:
+        parts, due = streams["workers"], streams["next"]
+        if not isinstance(parts, list) or not parts:
+            raise TypeError("workers must be a non-empty list")
+        check_int("next", due, 0, len(parts) - 1)
+        for part in parts:
+            if not isinstance(part, dict) or sorted(part) != sorted(STREAM_PART_KEYS):
+                raise TypeError(f"a worker's part must have the keys {STREAM_PART_KEYS}, got {part!r:.100}")
+            check_int("batches", part["batches"], 0, MAX_EPOCH)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"state has bad stream parts (truncated or edited?): {exc}") from None
+    if workers is not None and len(parts) != workers:
+        raise ValueError(f"state was saved with {len(parts)} worker(s) reading the stream, each at its "
+                         f"own position; this {owner} has {workers}")
 
 
 class _LoaderState:
@@ -222,9 +287,16 @@ class _LoaderState:
         else:
             epoch, sampler = record.epoch, record.sampler
             prefix, extras = record.delivered()
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "seed": self._seed, "epoch": epoch,
-                "batches": prefix + len(extras), "out_of_order": list(extras),
-                "dataset_length": len(self.dataset), "batch_size": self.batch_size, "sampler": sampler}
+        return make_state(seed=self._seed, epoch=epoch, prefix=prefix, extras=extras,
+                          dataset_length=len(self.dataset), batch_size=self.batch_size, sampler=sampler,
+                          framework=self._framework_part())
+
+    def _framework_part(self) -> Any:
+        """A drop-in's parts of the state (its framework's name under "name"); None: the Loader's."""
+        return None
+
+    def _framework_name(self) -> Optional[str]:
+        return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` (from ``state_dict()``, of a loader over the
@@ -274,4 +346,5 @@ class _LoaderState:
         return check_state(state, dataset_length=len(self.dataset), batch_size=self.batch_size,
                            seed=self._seed if self._options.seed is not None else None,
                            batches_per_epoch=total,
-                           sampler_has_state=self._sampler_with_state() is not None)
+                           sampler_has_state=self._sampler_with_state() is not None,
+                           framework=self._framework_name())

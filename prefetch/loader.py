@@ -432,6 +432,9 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
             resume = self._resume
             if resume is not None and resume.epoch != epoch:
                 self._resume = None
+            record = self._record
+            if record is not None and record.core is not None and not record.iterating():
+                self._record = None   # an epoch left by a break is over: the state is epoch's start
             if epoch != self._epoch:
                 self._stage.drop_following()   # not the epoch opened early
             self._epoch = epoch

@@ -422,13 +422,17 @@ class DataLoader(_gluon_data.DataLoader):
         """Where the loader is: a small JSON-serialisable dict (the pass
         started last and the batches of it delivered so far, numpy's global
         generator and a ``rollover`` sampler's carried samples at that
-        pass's start, the seed of ``prefetch.sample_rng()``). Between passes,
-        the next pass's start. Taken at any moment without pausing the threads."""
+        pass's start, the seed of ``prefetch.sample_rng()``). After a
+        ``break``, where the loop stopped; between passes, the next pass's
+        start. Taken at any moment without pausing the threads."""
         with self._lock:
             loader = self._next
             if loader is None and self._iter is not None:
                 loader = self._iter[0]
-            if loader is None and self._latest is not None and id(self._latest) in self._busy:
+            if loader is None:
+                # The pass started last, whether running, left by a break
+                # (its state: where the consumer stopped) or ended (its
+                # state: the next pass's start).
                 loader = self._latest
         if loader is not None:
             return loader.state_dict()

@@ -15,8 +15,8 @@ on the consumer's thread.
 """
 from __future__ import annotations
 
-import base64
 import collections.abc
+import contextlib
 import copy
 import inspect
 import os
@@ -29,16 +29,16 @@ from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
 from prefetch._framework import FrameworkLoader
-from prefetch._options import check_num_workers
-from prefetch._resume import check_fits
+from prefetch._options import MAX_EPOCH, check_int, check_num_workers
+from prefetch._resume import check_state, make_state
 from prefetch._types import ClosedError, Stats
 from prefetch.torch._device import PinnedHost
-from prefetch.torch._sampler import _Batches
-from prefetch.torch._shards import NOTHING, ShardMap
+from prefetch.torch._sampler import _Batches, _generators, decode_generator, drawing_from, encode_generator
+from prefetch.torch._shards import NOTHING, ShardMap, fresh_part, stateful
 from prefetch.torch._torch import torch
 from prefetch.torch._worker import InitThread, get_worker_info, thread_replica
 
-__all__ = ["DataLoader", "get_worker_info"]
+__all__ = ["DataLoader", "StatefulDataLoader", "get_worker_info"]
 
 _T_co = TypeVar("_T_co", covariant=True)
 _REPLICAS = ("For multiprocessing data-loading, this could be caused by not properly configuring the "
@@ -74,12 +74,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     use) is that worker's, while the objects it refers to are shared; one
     that cannot be copied is shared; with ``num_workers=0`` the thread loads
     from the dataset itself. An ``IterableDataset`` is iterated once per
-    worker, from that worker's copy, by that worker's thread alone (as by
+    worker, from that worker's copy (a deep one where it can be made: a
+    stream's objects hold its position, as each worker process's own), by
+    that worker's thread alone (as by
     one worker process: a connection opened in ``__iter__`` works); it
-    shards itself through
-    ``prefetch.torch.get_worker_info()`` (``torch.utils.data.get_worker_info()``
-    returns None in a thread). One that ignores it yields every sample
-    ``num_workers`` times, as with torch's processes.
+    shards itself through ``torch.utils.data.get_worker_info()``, which
+    answers in these threads as in torch's worker processes (importing
+    ``prefetch.torch`` makes it ``prefetch.torch.get_worker_info``). One
+    that ignores it yields every sample ``num_workers`` times, as with
+    torch's processes.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
@@ -126,8 +129,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     they go with the DataLoader.
     """
 
-    _resume: dict[str, Any] | None = None   # load_state_dict(): what the next epoch continues
-    _last: Any = None                        # weakref of the iterator made last
+    _resume: dict[str, Any] | None = None   # load_state_dict(): what the next iterator continues
+    _position: _Position | None = None       # the iterator made last, as state_dict() reads it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
@@ -151,67 +154,98 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.num_workers:
             self.check_worker_number_rationality()   # as torch, for each new iterator (the same depth)
         it = _ThreadIter(self)
-        self._last = weakref.ref(it)
+        self._position = it.position
         return it
 
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration is, as torchdata's ``StatefulDataLoader`` gives
-        it: a small JSON-serialisable dict (the random generator's states at
-        the iterator's and the epoch's start, the batches handed out in the
-        epoch, the dataset's length and the batch size). Save it beside a
-        model's (``torch.save``) and give it to ``load_state_dict`` of a new
-        DataLoader over the same data to continue with the batches an
-        uninterrupted run would have handed out next. Map-style datasets
-        only; a sampler that draws from torch's global generator other than
-        at its start (``RandomSampler`` draws there only) is not restored."""
+        it: a small JSON-serialisable dict, exact at any moment (before the
+        first batch, mid-epoch, after a ``break``, at an epoch's end, after
+        ``close()``): the batches handed out in the epoch (with
+        ``in_order=False``, exactly which), the generators' states its
+        order and seeds are drawn from, a sampler's own ``state_dict()``
+        where it has one, and for an ``IterableDataset`` each worker's
+        position as of the last batch handed out from it (its dataset's and
+        iterator's own ``state_dict()`` where they have one; else the count,
+        and a resumed worker reads that many batches again and drops them).
+        Save it beside a model's (``torch.save``) and give it to
+        ``load_state_dict`` of a new DataLoader over the same data to continue
+        with the batches an uninterrupted run would have handed out next.
+        Not restored: torch's process-wide generators as a dataset draws from
+        them (shared by the threads), and a sampler's draws from torch's
+        global generator other than as its epoch begins (``RandomSampler``
+        draws there only)."""
         if self._resume is not None:
-            return dict(self._resume)
-        last = self._last() if self._last is not None else None
+            return copy.deepcopy(self._resume)
+        position = self._position
+        if position is not None and not (position.finished and not position.persistent):
+            return position.source.state_dict()  # type: ignore[no-any-return]
+        return self._fresh_state()
+
+    def _fresh_state(self) -> dict[str, Any]:
+        """The state of a new iterator made now: its seed and epoch drawn from
+        where the generator is (read through a copy: nothing is drawn)."""
+        generator = self.generator if self.generator is not None else torch.default_generator
+        draw = torch.Generator()
+        draw.set_state(generator.get_state())
+        seed = _base_seed(draw)
+        framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
         if isinstance(self.dataset, IterableDataset):
-            raise TypeError("state_dict() is for a map-style dataset; an IterableDataset's position "
-                            "is its own to save")
-        state = {"format": "prefetch.torch.DataLoader", "version": 1, "dataset_length": len(self.dataset),
-                 "batch_size": self.batch_size}
-        if last is None or last._epoch_rng is None:
-            generator = self.generator if self.generator is not None else torch.default_generator
-            rng = _b64(generator.get_state())
-            return dict(state, iterator_rng=rng, epoch_rng=None, batches=0)
-        if last._done:
-            # Ended: the next epoch draws from where the generator is now.
-            generator = self.generator if self.generator is not None else torch.default_generator
-            rng = _b64(generator.get_state())
-            return dict(state, iterator_rng=rng, epoch_rng=None, batches=0)
-        return dict(state, iterator_rng=last._iter_rng, epoch_rng=last._epoch_rng, batches=last._handed)
+            # New workers copy the dataset as it is now: its own state with it
+            # (a pass counter kept across epochs; with 0 workers, the one object).
+            dataset = self.dataset
+            own = dataset.state_dict() if stateful(dataset) and not hasattr(dataset, "__next__") else None
+            part = dict(fresh_part(), dataset=own)
+            streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
+            return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=None,
+                              batch_size=self.batch_size, sampler=None, streams=streams, framework=framework)
+        generators = [encode_generator(g) for g in _generators(self._index_sampler, generator)]
+        generators[0] = encode_generator(draw)   # the epoch draws after the iterator's seed
+        sampler = {"generators": generators, "samplers": [s.state_dict() for s in _stateful_samplers(self)]}
+        return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=len(self.dataset),
+                          batch_size=self.batch_size, sampler=sampler, framework=framework)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter(loader)`` continues where ``state`` (from
-        ``state_dict()``) was taken; ValueError for a state that does not
-        fit this DataLoader (it is then unchanged)."""
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from DataLoader.state_dict(), got {type(state).__name__}")
-        if state.get("format") != "prefetch.torch.DataLoader" or state.get("version") != 1:
-            raise ValueError(f"state is not a version 1 prefetch.torch.DataLoader state (format "
-                             f"{state.get('format')!r}, version {state.get('version')!r})")
-        keys = ("dataset_length", "batch_size", "iterator_rng", "epoch_rng", "batches")
-        missing = [k for k in keys if k not in state]
-        if missing:
-            raise ValueError(f"state lacks {', '.join(map(repr, missing))} (truncated or edited?)")
-        check_fits("DataLoader", state["dataset_length"], state["batch_size"], len(self.dataset), self.batch_size)
-        batches = state["batches"]
-        if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= len(self):
-            raise ValueError(f"state has batches={batches!r}, not a count of this DataLoader's "
-                             f"{len(self)} batches (edited?)")
+        ``state_dict()``) was taken; an iteration in progress (persistent
+        workers' included) ends. ValueError for a state that does not fit
+        this DataLoader (dataset length or kind, batch size, workers reading
+        a stream, a generator or sampler state refused, an edited or
+        truncated one): the DataLoader is then unchanged.
+
+        Raises
+        ------
+        ValueError, TypeError
+            As above.
+        prefetch.ClosedError
+            Once the DataLoader is closed.
+        """
+        if self._closed:
+            raise ClosedError("this DataLoader is closed: cannot load a state into it")
+        if isinstance(state, dict) and "_iterator_finished" in state:
+            # torchdata's key, which Accelerate sets on any loader's state
+            # (whether its epoch ended): the state itself says that here.
+            state = {k: v for k, v in state.items() if k != "_iterator_finished"}
+        iterable = isinstance(self.dataset, IterableDataset)
+        resume, seed = check_state(
+            state, dataset_length=None if iterable else len(self.dataset), batch_size=self.batch_size,
+            seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
+            framework=TORCH_LOADER, workers=max(self.num_workers, 1) if iterable else None, owner="DataLoader")
         try:
-            for k in ("iterator_rng", "epoch_rng"):
-                if state[k] is not None:
-                    _unb64(state[k])
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"state has a bad generator state (edited?): {exc}") from None
+            part = resume.framework
+            draw = torch.Generator()
+            draw.set_state(decode_generator(part["iterator_rng"]))
+            if _base_seed(draw) != seed:
+                raise ValueError("its seed is not the one its iterator_rng draws")
+            if not iterable:
+                _check_sampler_part(resume.sampler, self)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ValueError(f"state has a bad torch part (truncated or edited?): {exc}") from None
         it = self._iterator
-        if isinstance(it, _ThreadIter) and not it._done:
-            raise RuntimeError("cannot load a state while an epoch is in progress; load it before "
-                               "iterating, or once the epoch has ended")
-        self._resume = dict(state)
+        if isinstance(it, _ThreadIter):   # persistent workers: the next iter() starts from the state
+            self._iterator = None
+            it.close(closed=False)
+        self._resume = copy.deepcopy(state)
 
     def check_worker_number_rationality(self, stacklevel: int = 4) -> None:
         """torch's warning when ``num_workers`` exceeds the CPUs this process
@@ -239,9 +273,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """The counters of the epoch begun last, as ``prefetch.Loader.stats()``
         gives them (a ``prefetch.Stats``: its batches, the threads' time inside
         ``dataset[i]``, ``load_parallelism``...); all zero before the first epoch."""
-        last = self._last() if self._last is not None else None
-        if isinstance(last, _ThreadIter) and not last._done:
-            return last._source.stats()  # type: ignore[no-any-return]
+        position = self._position
+        if position is not None and position.running:
+            return position.source.stats()  # type: ignore[no-any-return]
         return self._ended_stats[0]
 
     def close(self) -> None:
@@ -249,10 +283,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         iteration in progress raises ``prefetch.ClosedError`` at its next
         ``next()``, as does a new one."""
         self._closed = True
-        last = self._last() if self._last is not None else None
-        for it in (self._iterator, last):   # persistent workers' iterator; the epoch begun last
-            if isinstance(it, _ThreadIter):
-                it.close()
+        if isinstance(self._iterator, _ThreadIter):   # persistent workers'
+            self._iterator.close()
+        if self._position is not None:   # the epoch begun last
+            self._position.close()
 
     def __enter__(self) -> DataLoader:
         return self
@@ -261,12 +295,62 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.close()
 
 
-def _b64(state: Any) -> str:
-    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+class StatefulDataLoader(DataLoader[_T_co]):
+    """torchdata's ``StatefulDataLoader`` (``torchdata.stateful_dataloader``)
+    on threads: ``prefetch.torch.DataLoader`` with its one more argument,
+    ``snapshot_every_n_steps`` (int >= 0 or None), accepted and checked. It
+    changes nothing: torchdata's workers send their state every that many
+    batches, and ``state_dict()`` between two such snapshots replays the
+    batches since; here each worker's state travels with each batch, so the
+    state is exact at every step."""
+
+    def __init__(self, *args: Any, snapshot_every_n_steps: int | None = 1, **kwargs: Any) -> None:
+        if snapshot_every_n_steps is not None:
+            check_int("snapshot_every_n_steps", snapshot_every_n_steps, 0, MAX_EPOCH)
+        self.snapshot_every_n_steps = snapshot_every_n_steps
+        super().__init__(*args, **kwargs)
 
 
-def _unb64(text: str) -> Any:
-    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+TORCH_LOADER = "torch.utils.data.DataLoader"   # the framework part's name in the resume state
+
+
+def _base_seed(generator: Any) -> int:
+    """torch's draw of an iterator's base seed (None: the global generator)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def _stateful_samplers(loader: Any) -> list[Any]:
+    """The user's samplers with their own state (torchdata's ``Stateful``):
+    saved as an epoch begins, restored before a resumed epoch reads them."""
+    found = []
+    for s in (loader.batch_sampler, loader.sampler):
+        if callable(getattr(s, "state_dict", None)) and callable(getattr(s, "load_state_dict", None)) \
+                and all(s is not f for f in found):
+            found.append(s)
+    return found
+
+
+def _check_sampler_part(part: Any, loader: Any) -> None:
+    """ValueError unless ``part`` (a state's sampler side) fits ``loader``:
+    one generator state per generator, each one torch accepts; one state per
+    stateful sampler, each one that sampler accepts (loaded into it now:
+    its epoch loads it again as it begins)."""
+    generator = loader.generator if loader.generator is not None else torch.default_generator
+    generators, samplers = part["generators"], part["samplers"]
+    expected = _generators(loader._index_sampler, generator)
+    if not isinstance(generators, list) or len(generators) != len(expected):
+        raise ValueError(f"it has {len(generators)!r} generator states; this DataLoader draws from {len(expected)}")
+    for text in generators:
+        decode_generator(text)
+    stateful = _stateful_samplers(loader)
+    if not isinstance(samplers, list) or len(samplers) != len(stateful):
+        raise ValueError(f"it has states for {len(samplers)!r} sampler(s) with a state of their own; "
+                         f"this DataLoader has {len(stateful)}")
+    for s, saved in zip(stateful, samplers):
+        try:
+            s.load_state_dict(copy.deepcopy(saved))
+        except Exception as exc:
+            raise ValueError(f"{type(s).__name__}.load_state_dict refused its state: {exc!r}") from None
 
 
 def _leaf_collection(obj: Any) -> bool:
@@ -370,27 +454,23 @@ class _ThreadIter:
                        timeout=loader.timeout or None, name="torch-DataLoader")
         # Drawn as torch draws it, before the sampler runs: the same generator
         # state gives the same shuffle as torch's. A resumed state sets the
-        # generator to where it was (torch's global one only for the draw).
-        self._generator = loader.generator if loader.generator is not None else torch.default_generator
-        resume = loader._resume
-        users = None
-        if resume is not None and loader.generator is None:
-            users = torch.default_generator.get_state()
-        if resume is not None:
-            self._generator.set_state(_unb64(resume["iterator_rng"]))
-        self._iter_rng = _b64(self._generator.get_state())
-        self._epoch_rng: str | None = None
-        self._handed = self._skipped = 0   # batches of the epoch handed out (or failed), and skipped
-        base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        if users is not None:
-            torch.default_generator.set_state(users)
+        # generator to where it was (torch's global one: see drawing_from).
+        generator = loader.generator if loader.generator is not None else torch.default_generator
+        resume, loader._resume = loader._resume, None
+        with contextlib.ExitStack() as drawing:
+            if resume is not None:
+                drawing.enter_context(drawing_from(generator, decode_generator(resume["framework"]["iterator_rng"])))
+            framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+            base_seed = _base_seed(loader.generator)
         self._batches: _Batches | None = None
+        self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
         if self._iterable:
-            self._source: Any = ShardMap(loader, options, self._ahead, base_seed,
+            self._source: Any = ShardMap(loader, options, self._ahead, base_seed, framework=framework,
                                          device=PinnedHost() if self._pin else None)
         else:
             auto = loader._auto_collation
-            self._batches = _Batches(self._index_sampler, single=not auto)
+            self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
+                                     ahead=self._ahead, stateful=_stateful_samplers(loader))
             init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
             # torch's default_collate: the Loader's own collate gives the same batches,
             # each sample copied once into its row (torch stacks a list, then copies
@@ -410,9 +490,17 @@ class _ThreadIter:
             self._source = FrameworkLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
                                            per_thread=per_thread, worker_init=init, seed=base_seed,
                                            lookahead=self._ahead, go_on=True, gil_noticed=self._gil_noticed[0],
-                                           device=PinnedHost() if self._pin else None,
+                                           device=PinnedHost() if self._pin else None, framework=framework,
+                                           said_batch_size=loader.batch_size,
                                            remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
                                            **options)
+        if resume is not None:
+            # The one check ran in load_state_dict; the source's own reads its parts.
+            self._source.load_state_dict(resume)
+            self._handed = resume["batches"]
+            if self._batches is not None:
+                self._batches.dropped = resume["batches"]   # read again as the epoch begins, then dropped
+        self.position = _Position(self, self._source, self._persistent)
         # torch's iterators have no close(): one dropped mid-epoch closes its loader.
         weakref.finalize(self, self._source.close)
         self._done = False
@@ -429,37 +517,12 @@ class _ThreadIter:
             raise ClosedError("this DataLoader is closed")
         if self._epoch is not None and not self._taken and not self._done:
             return   # nothing taken from the epoch begun: it is this one
+        if self._epoch is not None:
+            self._handed = 0
         self._yielded = self._taken = 0
         self._done = False
-        if self._batches is not None:
-            self._restart(loader)
-        self._epoch = iter(self._source)
-
-    def _restart(self, loader: DataLoader) -> None:
-        """The sampler's new epoch: its generator state saved first, then its
-        first batches read, as torch reads them; with a resumed state,
-        restored first, and the batches handed out before skipped."""
-        batches = self._batches
-        assert batches is not None
-        resume, loader._resume = loader._resume, None
-        self._handed = self._skipped = 0
-        epoch = self._source.next_epoch   # the Loader's epoch this one will be
-        if resume is None:
-            self._epoch_rng = _b64(self._generator.get_state())
-            batches.restart(epoch)
-            batches.read_to(self._ahead)
-            return
-        users = torch.default_generator.get_state() if loader.generator is None else None
-        if resume["epoch_rng"] is not None:
-            self._generator.set_state(_unb64(resume["epoch_rng"]))
-        self._epoch_rng = _b64(self._generator.get_state())
-        try:
-            batches.restart(epoch, skip=resume["batches"])
-            batches.read_to(self._ahead)   # under the restored state
-        finally:
-            if users is not None:
-                torch.default_generator.set_state(users)
-        self._handed = self._skipped = resume["batches"]
+        self.position.finished = False
+        self._epoch = iter(self._source)   # a map-style epoch reads its sampler here (_Batches)
 
     def __iter__(self) -> _ThreadIter:
         return self
@@ -476,7 +539,7 @@ class _ThreadIter:
             raise StopIteration
         if self._batches is not None:
             # torch reads one batch more for each it hands out: the one due now too.
-            self._batches.read_to(self._ahead + self._handed - self._skipped + 1)
+            self._batches.read_to(self._ahead + self._handed + 1)
         epoch = self._epoch
         failed = epoch.failed_batches
         try:
@@ -488,6 +551,7 @@ class _ThreadIter:
         except StopIteration:
             if self._closed:   # by another thread while this one waited
                 raise ClosedError("this DataLoader was closed during its epoch") from None
+            self.position.finished = True
             self._end(close=not self._persistent)
             raise
         except BaseException as exc:
@@ -525,6 +589,36 @@ class _ThreadIter:
         if close:
             self._source.close()
 
-    def close(self) -> None:
-        self._closed = True
+    def close(self, closed: bool = True) -> None:
+        """Its threads stop; ``closed``: its next() raises ClosedError (else
+        its epoch ends: a state was loaded in its place)."""
+        self._closed = closed
         self._end(close=True)
+
+
+class _Position:
+    """What ``state_dict()`` reads of the DataLoader iterator made last:
+    its source (a Loader, or the IterableDataset's ShardMap), kept after the
+    iterator is gone (a break) and after it closed: the state of a run that
+    saves its checkpoint after leaving its loop, or on shutdown."""
+
+    __slots__ = ("source", "persistent", "finished", "closed", "iterator")
+
+    def __init__(self, iterator: _ThreadIter, source: Any, persistent: bool) -> None:
+        self.source = source
+        self.persistent = persistent
+        self.finished = False   # the consumer met the end of its epoch
+        self.closed = False
+        self.iterator = weakref.ref(iterator)   # not kept alive: dropped, it closes its source
+
+    @property
+    def running(self) -> bool:
+        return not (self.finished or self.closed or self.source.closed)
+
+    def close(self) -> None:
+        """The DataLoader closed: its iterator's next() raises ClosedError."""
+        self.closed = True
+        iterator = self.iterator()
+        if iterator is not None:
+            iterator.close()
+        self.source.close()

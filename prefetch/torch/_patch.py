@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any
 
-from prefetch.torch._dataloader import DataLoader
+from prefetch.torch._dataloader import DataLoader, StatefulDataLoader
 from prefetch.torch._torch import torch
 
 _lock = threading.Lock()
@@ -42,9 +42,10 @@ class _StandIn(type):
 
 def _stand_in(original: type) -> type:
     """A subclass of the drop-in, named as ``original``, standing in for it."""
-    cls = _StandIn(original.__name__, (DataLoader,), {"__module__": DataLoader.__module__,
-                                                       "__qualname__": original.__qualname__,
-                                                       "__doc__": DataLoader.__doc__})
+    base = StatefulDataLoader if original.__name__ == "StatefulDataLoader" else DataLoader
+    cls = _StandIn(original.__name__, (base,), {"__module__": base.__module__,
+                                                 "__qualname__": original.__qualname__,
+                                                 "__doc__": base.__doc__})
     cls.replaced = original
     return cls
 
@@ -65,8 +66,8 @@ def patch() -> type:
     loading on threads of this process. Modules that imported the class
     before this call see the drop-in too. Calling it again changes nothing;
     ``unpatch()`` restores torch's (and torchdata's) classes. Arguments the
-    drop-in does not accept (torchdata's ``snapshot_every_n_steps``) fail in
-    that call, naming them: never a silent fall-back to processes."""
+    drop-in does not accept fail in that call, naming them: never a silent
+    fall-back to processes."""
     with _lock:
         if not _replaced:
             stand_ins = {id(cls): _stand_in(cls) for cls in _originals()}

@@ -28,8 +28,10 @@ at the same reads, the same indices) with the permutation kept a tensor
 """
 from __future__ import annotations
 
+import base64
 import collections
-import itertools
+import contextlib
+import copy
 import threading
 from typing import Any, NamedTuple, Optional
 
@@ -167,32 +169,69 @@ class _Batches:
     threads take the plan's batches instead and what is read is only read
     (for its draws).
 
-    Seen only as an iterable, iterated once per torch epoch: the Loader
-    calls ``set_epoch`` on a sampler that has one, and torch's DataLoader
-    never does (the user does).
+    An epoch begins when the Loader iterates it (on the consumer's thread,
+    inside ``iter(loader)``), after ``set_epoch`` has told it the Loader's
+    number for it. Its state is the sampler's side of the resume state as
+    that epoch begins: the generators its order is drawn from and the own
+    ``state_dict()`` of a user's sampler that has one (torchdata's
+    ``Stateful``). A resumed epoch restores them, reads the sampler from its
+    start, and the Loader drops the batches delivered before.
     """
 
-    def __init__(self, sampler: Any, single: bool) -> None:
+    def __init__(self, sampler: Any, single: bool, generator: Any, ahead: int, stateful: list[Any]) -> None:
         self.sampler = sampler
         self.single = single          # batch_size=None: each index is a batch of its own
+        self.ahead = ahead            # batches torch reads as an epoch begins
         self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
         self.plan: Optional[_Plan] = None        # the epoch's, where its order is known ahead
-        self._begun: Optional[_Plan] = None      # the epoch's plan, a resumed one's too
+        self._begun: Optional[_Plan] = None      # the epoch's plan
         self._next: Optional[_Plan] = None       # the next epoch's, once asked for
+        self.generators = _generators(sampler, generator)
+        self.stateful = stateful      # the user's samplers with state_dict()/load_state_dict()
+        self.pending: Optional[dict[str, Any]] = None   # a state loaded: the next epoch begins there
+        self.dropped = 0              # batches of the next epoch the Loader drops (a resume)
+        self.number = 0               # the Loader's number for the next epoch
         # torch makes an iterator of the sampler when its DataLoader iterator is
         # made, and again as the first epoch begins (a sampler that draws in
         # __iter__ draws twice): so does this.
-        self._open(0)
+        self._open()
 
-    def restart(self, epoch: int, skip: int = 0) -> None:
-        """A new torch epoch, the Loader's ``epoch``: a new iteration of the
-        sampler, without its first ``skip`` batches (a resumed state: read
-        and dropped here; a resumed epoch has no plan, the next one has)."""
-        with self.lock:
-            plan = _plan(self.sampler, self.single, epoch)
-            self.plan = plan if skip == 0 else None
-            self._begun, self._next = plan, None
-            self._open(skip)
+    # -- the Loader's side ----------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        self.number = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state the next epoch begins from (a loaded one until it begins)."""
+        if self.pending is not None:
+            return self.pending
+        return {"generators": [encode_generator(g) for g in self.generators],
+                "samplers": [s.state_dict() for s in self.stateful]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = state
+
+    def __iter__(self) -> Any:
+        """A new torch epoch: a new iteration of the sampler (from a loaded
+        state's generators and samplers), ``ahead`` batches read (and those
+        the Loader drops); the plan's batches, or the batches read, in order."""
+        state, self.pending = self.pending, None
+        with contextlib.ExitStack() as drawing:
+            if state is not None:
+                for g, saved in zip(self.generators, state["generators"]):
+                    drawing.enter_context(drawing_from(g, decode_generator(saved)))
+                for s, saved in zip(self.stateful, state["samplers"]):
+                    s.load_state_dict(copy.deepcopy(saved))
+            with self.lock:
+                plan = _plan(self.sampler, self.single, self.number)
+                self.plan = plan
+                self._begun, self._next = plan, None
+                self._open()
+            self.read_to(self.ahead + self.dropped)
+        self.dropped = 0
+        if self.plan is not None:
+            return self.plan.batches()
+        return self._take(self.token)
 
     @property
     def next_plan(self) -> Optional[_Plan]:
@@ -204,15 +243,13 @@ class _Batches:
             self._next = self._begun.following()
         return self._next
 
-    def _open(self, skip: int) -> None:
+    def _open(self) -> None:
         sampler = _lean(self.sampler)
         self.source = ([i] for i in sampler) if self.single else iter(sampler)
-        for _ in itertools.islice(self.source, skip):
-            pass
         self.read: collections.deque[Any] = collections.deque()   # read, not taken by a thread
         self.tries = 0            # reads of the sampler this epoch (the one that ended it too)
         self.exhausted = False    # the sampler ended (or raised)
-        self.epoch = object()     # the Loader epoch of an earlier one takes nothing more
+        self.token = object()     # the Loader epoch of an earlier one takes nothing more
 
     def order(self, epoch: int) -> Optional[_Plan]:
         """The plan of the Loader's epoch ``epoch``: the one begun, or the next."""
@@ -243,16 +280,10 @@ class _Batches:
                     if keep:
                         self.read.append(keys)
 
-    def __iter__(self) -> Any:
-        """The Loader's epoch: the plan's batches, or the batches read, in order."""
-        if self.plan is not None:
-            return self.plan.batches()
-        return self._take(self.epoch)
-
-    def _take(self, epoch: object) -> Any:
+    def _take(self, token: object) -> Any:
         while True:
             with self.lock:
-                if self.epoch is not epoch:
+                if self.token is not token:
                     return            # a later epoch began (its batches are its own)
                 if self.read:
                     keys = self.read.popleft()
@@ -276,6 +307,50 @@ class _Batches:
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+
+def _generators(index_sampler: Any, generator: Any) -> list[Any]:
+    """The generators an epoch's order is drawn from: the DataLoader's (or
+    torch's global one), and a torch ``RandomSampler``'s own."""
+    found = [generator]
+    sampler = getattr(index_sampler, "sampler", index_sampler)   # inside torch's BatchSampler
+    own = getattr(sampler, "generator", None) if isinstance(sampler, RandomSampler) else None
+    if isinstance(own, torch.Generator) and own.device.type == "cpu" and own is not generator:
+        found.append(own)
+    return found
+
+
+@contextlib.contextmanager
+def drawing_from(generator: Any, saved: Any) -> Any:
+    """Draws from ``generator`` set to a resumed state's ``saved`` one. torch's
+    global generator is the user's too: where it was elsewhere than the saved
+    state (the user's own, restored from the same checkpoint or not), it is
+    put back after; where it was there already (a state loaded in the run
+    that saved it), the draws stay drawn, as in an uninterrupted run."""
+    users = generator.get_state() if generator is torch.default_generator else None
+    generator.set_state(saved)
+    try:
+        yield
+    finally:
+        if users is not None and not torch.equal(users, saved):
+            generator.set_state(users)
+
+
+def encode_generator(generator: Any) -> str:
+    """A CPU generator's state as text (JSON-serialisable)."""
+    return base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii")
+
+
+def decode_generator(text: Any) -> Any:
+    """The state ``encode_generator`` wrote; ValueError for one a generator refuses."""
+    if not isinstance(text, str):
+        raise ValueError(f"a generator state must be text, got {type(text).__name__}")
+    state = torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+    try:
+        torch.Generator().set_state(state)
+    except RuntimeError as exc:
+        raise ValueError(f"torch refuses the generator state: {exc}") from None
+    return state
 
 
 class _Raise:

@@ -16,6 +16,7 @@ threads (thread w on shard w only); everything else on the consumer's thread.
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import threading
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from prefetch._core import set_sample_index
 from prefetch._framework import FrameworkMap
 from prefetch._replica import replica
+from prefetch._resume import check_state, make_state
 from prefetch._types import Stats
 from prefetch.torch._worker import DATASETS, _local, worker_info
 
@@ -47,7 +49,7 @@ class _Shard:
     def __init__(self, worker_id: int, loader: Any, base_seed: int) -> None:
         n = loader.num_workers
         self.id = worker_id
-        self.dataset = replica(loader.dataset, DATASETS) if n > 0 else loader.dataset
+        self.dataset = _stream_replica(loader.dataset) if n > 0 else loader.dataset
         self.info = worker_info(worker_id, n, base_seed, self.dataset)
         self.worker_init_fn = loader.worker_init_fn if n > 0 else None
         self.batch_size = loader.batch_size
@@ -56,9 +58,17 @@ class _Shard:
         self.initialized = False   # worker_init_fn has run (persistent workers run it once)
         self.epoch = -1            # the epoch its iterator is of
         self.iterator: Any = None
+        self.resume: Any = None          # a worker's part of a loaded state: its next iterator starts there
+        self.own_state = False           # the dataset has a state of its own (not its iterator's)
+        self.dataset_state: Any = None   # the dataset's own state at its last batch
 
-    def fetch(self, epoch: int) -> Any:
-        """The replica's next batch of epoch ``epoch`` (``_END`` once it has none)."""
+    def fetch(self, epoch: int) -> tuple[Any, Any]:
+        """The replica's next batch of epoch ``epoch`` (``_END`` once it has
+        none), and the state it leaves the worker in (``_snapshot``)."""
+        batch = self._next_batch(epoch)
+        return batch, self._snapshot()
+
+    def _next_batch(self, epoch: int) -> Any:
         # torch's _IterableDatasetFetcher, one batch.
         _local.info = self.info
         if self.epoch != epoch:
@@ -67,7 +77,7 @@ class _Shard:
             if not self.initialized and self.worker_init_fn is not None:
                 self.worker_init_fn(self.id)
             self.initialized = True
-            self.iterator = iter(self.dataset)
+            self._start()
         if self.batch_size is None:
             try:
                 sample = next(self.iterator)
@@ -86,19 +96,85 @@ class _Shard:
             self.iterator = iter(())   # ended: the next fetch says so without calling the dataset
         return self.collate_fn(samples)
 
+    def _start(self) -> None:
+        """The epoch's iterator; from a resumed part, as torchdata restores a
+        worker: the dataset's own state first, then ``iter()``, then the
+        iterator's own state; where neither has one, the batches delivered
+        before are read again and dropped."""
+        part, self.resume = self.resume, None
+        if part is not None and part["dataset"] is not None and stateful(self.dataset):
+            self.dataset.load_state_dict(copy.deepcopy(part["dataset"]))
+        self.iterator = iter(self.dataset)
+        self.own_state = self.iterator is not self.dataset and stateful(self.dataset)
+        if part is None:
+            return
+        if part["iterator"] is not None and stateful(self.iterator):
+            self.iterator.load_state_dict(copy.deepcopy(part["iterator"]))
+        elif not (self.own_state or stateful(self.iterator)):
+            for _ in range(part["batches"]):
+                if self._skip_batch():
+                    break
+
+    def _skip_batch(self) -> bool:
+        """One batch read and dropped (not collated); True once the iterator has ended."""
+        for _ in range(1 if self.batch_size is None else self.batch_size):
+            try:
+                next(self.iterator)
+            except StopIteration:
+                return True
+        return False
+
+    def _snapshot(self) -> tuple[Any, Any]:
+        """The dataset's and the iterator's own states now (copies: the next
+        batch changes them), where they have ``state_dict()``; the dataset's
+        only where it is not its own iterator."""
+        it = self.iterator
+        dataset = copy.deepcopy(self.dataset.state_dict()) if self.own_state else None
+        iterator = copy.deepcopy(it.state_dict()) if it is not None and stateful(it) else None
+        self.dataset_state = dataset if self.own_state else self.dataset_state
+        return dataset, iterator
+
+
+def _stream_replica(dataset: Any) -> Any:
+    """A worker's copy of a stream: a deep one where it can be made (a
+    stream's objects hold its position: a library's shard iterators and
+    their state, which each worker process has its own of), else the
+    shallow one a map-style dataset's worker has (a lock, an open file)."""
+    try:
+        return copy.deepcopy(dataset)
+    except Exception:
+        return replica(dataset, DATASETS)
+
+
+def stateful(obj: Any) -> bool:
+    """torchdata's Stateful protocol: state_dict() and load_state_dict()."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def fresh_part() -> dict[str, Any]:
+    """A worker's part of the state at its stream's start."""
+    return {"batches": 0, "dataset": None, "iterator": None}
+
 
 class _ShardEpoch:
     """One epoch of the workers: the map's items are tasks (this object, once
     per batch a worker may make); the thread of worker w runs them as w."""
 
-    def __init__(self, shards: list[_Shard], per_worker: int, number: int, closed: Any) -> None:
+    def __init__(self, shards: list[_Shard], per_worker: int, number: int, closed: Any,
+                 parts: list[dict[str, Any]], turn: int) -> None:
         n = len(shards)
         self.closed = closed       # () -> the map is closing: a waiting task returns (close() joins it)
         self.n = n
         self.per_worker = per_worker
         self.number = number
-        self.made = [0] * n        # batches each worker made this epoch (an error counts)
-        self.taken = [0] * n       # of those, taken by the consumer
+        # What state_dict() reads: each worker's part as of its last batch
+        # delivered (replaced whole on the consumer's thread), the worker due
+        # next, and whether the consumer met the epoch's end.
+        self.parts = parts
+        self.turn = turn
+        self.finished = False
+        self.made = [p["batches"] for p in parts]    # batches each worker made this epoch (an error counts)
+        self.taken = list(self.made)                 # of those, taken by the consumer
         self.ended = [False] * n   # the worker's iterator ended (or raised)
         self.cv = threading.Condition()
         self.cancelled = False
@@ -121,8 +197,9 @@ class _ShardEpoch:
                 return NOTHING
         # sample_rng()'s stream: worker w's batch j is the (j * n + w)th in torch's order
         set_sample_index(self.made[w] * self.n + w)
+        snapshot = None
         try:
-            batch = shard.fetch(self.number)
+            batch, snapshot = shard.fetch(self.number)
         except Exception as exc:   # raised at the worker's turn; the epoch ends there
             batch = _Raised(exc)
         with self.cv:
@@ -130,7 +207,14 @@ class _ShardEpoch:
                 self.ended[w] = True
             self.made[w] += 1
             self.cv.notify_all()
-        return w, batch
+        return w, batch, snapshot
+
+    def delivered(self, w: int, snapshot: Any) -> None:
+        """Worker ``w``'s batch was handed out (consumer's thread): its part
+        is now as of that batch."""
+        part = self.parts[w]
+        dataset, iterator = (None, None) if snapshot is None else snapshot
+        self.parts[w] = {"batches": part["batches"] + 1, "dataset": dataset, "iterator": iterator}
 
     def take(self, w: int) -> None:
         """The consumer took one of worker ``w``'s batches: room for another."""
@@ -160,7 +244,6 @@ class _InTurn:
         n = epoch.n
         self.held: list[collections.deque[Any]] = [collections.deque() for _ in range(n)]
         self.ended = [False] * n     # the worker's _END has come
-        self.turn = 0
 
     def __iter__(self) -> _InTurn:
         return self
@@ -171,27 +254,32 @@ class _InTurn:
                 w = self._due()
                 if w is not None:
                     return self._hand(w, self.held[w].popleft())
-            result = next(self.results)   # StopIteration: every worker has ended
+            try:
+                result = next(self.results)
+            except StopIteration:   # every worker has ended
+                self.epoch.finished = True
+                raise
             if result is NOTHING:
                 continue
-            w, batch = result
+            w, batch, snapshot = result
             if batch is _END:
                 self.ended[w] = True
             elif not self.ordered:
-                return self._hand(w, batch)
+                return self._hand(w, (batch, snapshot))
             else:
-                self.held[w].append(batch)
+                self.held[w].append((batch, snapshot))
 
     def _due(self) -> int | None:
         """The worker whose batch is next, if it is here; a worker that has
         ended loses its turn."""
+        epoch = self.epoch
         for _ in range(len(self.held)):
-            w = self.turn
+            w = epoch.turn
             if not self.held[w] and self.ended[w]:
-                self.turn = (w + 1) % len(self.held)
+                epoch.turn = (w + 1) % len(self.held)
                 continue
             if self.held[w]:
-                self.turn = (w + 1) % len(self.held)
+                epoch.turn = (w + 1) % len(self.held)
                 return w
             return None
         return None
@@ -205,10 +293,12 @@ class _InTurn:
     def running(self) -> bool:
         return self.results.running  # type: ignore[no-any-return]
 
-    def _hand(self, w: int, batch: Any) -> Any:
+    def _hand(self, w: int, made: tuple[Any, Any]) -> Any:
+        batch, snapshot = made
         self.epoch.take(w)
         if isinstance(batch, _Raised):
             raise batch.exc
+        self.epoch.delivered(w, snapshot)
         return batch
 
 
@@ -230,9 +320,13 @@ class ShardMap:
     iterating a Loader again does): with persistent workers, a worker's
     thread, replica and ``worker_init_fn`` state last from epoch to epoch."""
 
-    def __init__(self, loader: Any, options: dict[str, Any], ahead: int, seed: int, device: Any = None) -> None:
+    def __init__(self, loader: Any, options: dict[str, Any], ahead: int, seed: int, device: Any = None,
+                 framework: Any = None) -> None:
         threads = options["workers"]
         self.shards = [_Shard(w, loader, seed) for w in range(threads)]
+        self.batch_size = loader.batch_size
+        self.framework = framework   # the drop-in's part of the state
+        self.resumed: Any = None     # a loaded state's streams: the next epoch starts there
         self.options = options
         self.ordered = options["ordered"]
         self.device = device   # the batches' delivery (pinning), on the map's publisher thread
@@ -245,7 +339,14 @@ class ShardMap:
 
     def __iter__(self) -> _InTurn:
         self.cancel()   # the epoch before: its waiting tasks return
-        self.now = _ShardEpoch(self.shards, self.per_worker, self.epoch, self._closing)
+        streams, self.resumed = self.resumed, None
+        if streams is not None:
+            parts, turn = [dict(p) for p in streams["workers"]], streams["next"]
+            for shard, part in zip(self.shards, parts):
+                shard.resume = part
+        else:
+            parts, turn = self._starts(), 0
+        self.now = _ShardEpoch(self.shards, self.per_worker, self.epoch, self._closing, parts, turn)
         if self.map is None:
             o = self.options   # unordered: _InTurn puts the batches in torch's order
             self.map = FrameworkMap(_Tasks(self), per_thread=self._load_for, lookahead=self.ahead,
@@ -254,6 +355,38 @@ class ShardMap:
         self.map.adopt_seed(self.seed, self.epoch)
         self.epoch += 1
         return _InTurn(self.now, iter(self.map), self.ordered)
+
+    def _starts(self) -> list[dict[str, Any]]:
+        """Each worker's part as an epoch begins: its replica's own state as
+        its last batch left it (persistent replicas carry it over)."""
+        return [dict(fresh_part(), dataset=shard.dataset_state) for shard in self.shards]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state (prefetch/_resume.py's format): each worker's
+        part as of its last batch delivered, the worker due next."""
+        now = self.now
+        if self.resumed is not None:
+            epoch, streams = self.epoch, self.resumed
+        elif now is None or now.finished:
+            epoch, streams = self.epoch, {"next": 0, "workers": self._starts()}
+        else:
+            epoch, streams = now.number, {"next": now.turn, "workers": list(now.parts)}
+        delivered = sum(p["batches"] for p in streams["workers"])
+        return make_state(seed=self.seed, epoch=epoch, prefix=delivered, extras=[], dataset_length=None,
+                          batch_size=self.batch_size, sampler=None, streams=copy.deepcopy(streams),
+                          framework=self.framework)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next epoch continues where ``state`` (from ``state_dict()``) was taken."""
+        resume, _ = check_state(state, dataset_length=None, batch_size=self.batch_size, seed=self.seed,
+                                batches_per_epoch=-1, sampler_has_state=False,
+                                framework=None if self.framework is None else self.framework["name"],
+                                workers=len(self.shards))
+        self.epoch, self.resumed = resume.epoch, resume.streams
+
+    @property
+    def closed(self) -> bool:
+        return self._closing()
 
     def _closing(self) -> bool:
         return self.map is not None and bool(self.map.closed)

@@ -9,6 +9,7 @@ IterableDataset's worker (``_shards.py``) sets the same thread-local fields.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from typing import Any
 
@@ -22,6 +23,9 @@ _local = threading.local()   # .info on the threads of our loaders (None when nu
 DATASETS = (torch.utils.data.Dataset,)   # what a worker's copy of the dataset copies inside it
 
 
+_torch_get_worker_info = torch.utils.data._utils.worker.get_worker_info
+
+
 def get_worker_info() -> WorkerInfo | None:
     """torch's ``WorkerInfo`` (id, num_workers, seed, dataset, rng) of the
     loader thread calling it, as ``torch.utils.data.get_worker_info()`` gives
@@ -31,13 +35,38 @@ def get_worker_info() -> WorkerInfo | None:
     ``rng`` holds per-thread ``random.Random``, ``torch.Generator`` and
     ``numpy.random.Generator`` seeded with ``seed``: a thread cannot reseed
     the process-wide generators as a worker process does. Called outside
-    these threads it returns what ``torch.utils.data.get_worker_info()``
-    returns, so a dataset using it also works in torch's own DataLoader.
+    these threads it returns what torch's own returns (in one of torch's
+    worker processes, that worker's).
+
+    Importing ``prefetch.torch`` makes ``torch.utils.data.get_worker_info``
+    this function, so a library that shards a stream by it (Hugging Face
+    ``datasets``, webdataset) sees its worker in these threads too.
     """
     try:
-        return _local.info
+        info = _local.info
     except AttributeError:
-        return torch.utils.data.get_worker_info()
+        return _torch_get_worker_info()
+    # torch's default_collate asks it to stack into shared memory, for the
+    # pipe back from a worker process: a thread's batch needs none.
+    if info is not None and sys._getframe(1).f_globals.get("__name__") == _COLLATE:
+        return None
+    return info  # type: ignore[no-any-return]
+
+
+_COLLATE = "torch.utils.data._utils.collate"
+
+
+def _answer_in_threads() -> None:
+    """torch's get_worker_info, wherever a torch module holds it by name,
+    replaced by the one above (which falls back to it): torch's worker
+    processes set a process-wide value that threads cannot share."""
+    for name, module in list(sys.modules.items()):
+        if (name == "torch" or name.startswith("torch.")) and \
+                getattr(module, "get_worker_info", None) is _torch_get_worker_info:
+            module.get_worker_info = get_worker_info  # type: ignore[attr-defined]
+
+
+_answer_in_threads()
 
 
 def worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> WorkerInfo | None:

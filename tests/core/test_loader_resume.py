@@ -134,6 +134,38 @@ def test_a_state_taken_after_the_epoch_ended_is_the_next_epochs_start():
         assert rows(list(resumed)) == reference[1]
 
 
+def test_a_state_after_a_break_then_set_epoch_is_that_epochs_start():
+    """Issue 34 item 10: after `break` then set_epoch(7), the state said
+    "epoch 0, 2 batches" and the resume replayed epoch 0."""
+    with Loader(Augmented(12), 3, shuffle=True, seed=4, workers=2) as loader:
+        for k, _ in enumerate(loader):
+            if k == 1:
+                break
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (0, 2)
+        loader.set_epoch(7)
+        state = roundtrip(loader.state_dict())
+        expected = rows(list(loader))
+    assert (state["epoch"], state["batches"]) == (7, 0)
+    with Loader(Augmented(12), 3, shuffle=True, seed=4, workers=2) as resumed:
+        resumed.load_state_dict(state)
+        assert rows(list(resumed)) == expected
+
+
+def test_a_state_after_close_is_where_the_consumer_stopped():
+    """A run that saves its checkpoint on shutdown (SPEC §resume)."""
+    with Loader(Augmented(12), 3, shuffle=True, seed=4, workers=2) as loader:
+        whole = rows(list(loader))
+    loader = Loader(Augmented(12), 3, shuffle=True, seed=4, workers=2)
+    it = iter(loader)
+    head = rows([next(it) for _ in range(2)])
+    loader.close()
+    state = roundtrip(loader.state_dict())
+    assert (state["epoch"], state["batches"]) == (0, 2)
+    with Loader(Augmented(12), 3, shuffle=True, seed=4, workers=2) as resumed:
+        resumed.load_state_dict(state)
+        assert head + rows(list(resumed)) == whole
+
+
 def test_state_before_iterating_and_after_loading():
     with Loader(Augmented(10), 3, workers=1, seed=1, epoch=7) as loader:
         state = loader.state_dict()
@@ -297,8 +329,12 @@ def good_state():
 @pytest.mark.parametrize("edit, message", [
     (dict(dataset_length=21), "dataset of length 21; this loader's has length 20"),
     (dict(batch_size=5), "batch_size=5; this loader has batch_size=4"),
-    (dict(version=2), "format version 2"),
-    (dict(format="torchdata"), "not a Loader state"),
+    (dict(version=1), "format version 1"),
+    (dict(format="torchdata"), "not a prefetch loader's state"),
+    (dict(framework={"name": "torch.utils.data.DataLoader"}),
+     "saved by a torch.utils.data.DataLoader drop-in; this is prefetch.Loader"),
+    (dict(dataset_length=None), "saved for an iterable dataset"),
+    (dict(streams={"next": 0, "workers": []}), "holds a stream's parts"),
     (dict(seed=2), "seed=2; this loader has seed=1"),
     (dict(batches=6), "6 batches of epoch 0 were delivered; this loader has 5 per epoch"),
     (dict(batches=-1), "bad value.*batches"),

@@ -92,6 +92,26 @@ def test_a_state_between_passes_is_the_next_passs_start():
         assert [rows(b) for b in loader] == second != first
 
 
+@pytest.mark.parametrize("auto_reload", [False, True])
+def test_a_state_after_a_break_resumes_the_rest_of_that_pass(auto_reload):
+    """Issue 34 item 10: the state after `break` is where the loop stopped, not the next pass."""
+    np.random.seed(9)
+    with DataLoader(Augmented(), 4, shuffle=True, num_workers=2, auto_reload=auto_reload) as loader:
+        start = roundtrip(loader.state_dict())
+        for k, batch in enumerate(loader):
+            if k == 2:
+                break
+        state = roundtrip(loader.state_dict())
+    assert (state["epoch"], state["batches"]) == (0, 3)
+    np.random.seed(1)
+    with DataLoader(Augmented(), 4, shuffle=True, num_workers=2, auto_reload=auto_reload) as loader:
+        loader.load_state_dict(start)   # the same seed of sample_rng(): the uninterrupted pass
+        reference = [rows(b) for b in loader]
+    with DataLoader(Augmented(), 4, shuffle=True, num_workers=2, auto_reload=auto_reload) as loader:
+        loader.load_state_dict(state)
+        assert [rows(b) for b in loader] == reference[3:]
+
+
 def test_zip_of_a_resumed_loader_pairs_the_resumed_pass_with_a_fresh_one():
     """The state goes to the next pass started; a pass after it starts afresh."""
     np.random.seed(5)

@@ -87,8 +87,11 @@ def test_an_argument_the_drop_in_refuses_fails_the_frameworks_call(patched):
     """Bad input: a loader rebuilt with an argument the drop-in does not accept
     fails in that call, naming it; never a silent fall-back to processes."""
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    with pytest.raises(TypeError, match="snapshot_every_n_steps"):
-        stateful.StatefulDataLoader(list(range(4)), batch_size=2, snapshot_every_n_steps=2)
+    with pytest.raises(TypeError, match="snapshot_every_n_steps must be an int >= 0, got 'often'"):
+        stateful.StatefulDataLoader(list(range(4)), batch_size=2, snapshot_every_n_steps="often")
+    with pytest.raises(TypeError, match="sampler_every"):
+        stateful.StatefulDataLoader(list(range(4)), batch_size=2, sampler_every=2)
+    assert stateful.StatefulDataLoader(list(range(4)), snapshot_every_n_steps=2).snapshot_every_n_steps == 2
 
 
 # -- Accelerate ------------------------------------------------------------------------

@@ -99,15 +99,11 @@ def test_a_state_that_does_not_fit_is_a_clear_error():
 def check_refusals(loader, state):
     with pytest.raises(ValueError, match="batch_size=4; this DataLoader has batch_size=5"):
         loader.load_state_dict(state)
-    with pytest.raises(ValueError, match="version 1"):
-        loader.load_state_dict(dict(state, version=2))
+    with pytest.raises(ValueError, match="version 1; this version of prefetch reads version 2"):
+        loader.load_state_dict(dict(state, version=1))
     with pytest.raises(ValueError, match="lacks 'batches'"):
         loader.load_state_dict({k: v for k, v in state.items() if k != "batches"})
     assert len(list(loader)) == 5   # still usable
-    with pytest.raises(RuntimeError, match="epoch is in progress"):
-        it = iter(loader)
-        next(it)
-        loader.load_state_dict(dict(state, batch_size=5))
 
 
 # -- item 4: killed with SIGKILL after torch.save, resumed in a new process ----------

@@ -1,0 +1,300 @@
+"""The torch drop-in's resume state at every moment, streams that shard by
+torch's own get_worker_info(), and the state's bad input (issue 34: each
+defect it lists has a test named after it here; SPEC §resume)."""
+import json
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import Dataset, IterableDataset  # noqa: E402
+
+from prefetch.torch import DataLoader, StatefulDataLoader  # noqa: E402
+from support import run_script  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+def flat(batches):
+    return [x for b in batches for x in (b.tolist() if hasattr(b, "tolist") else b)]
+
+
+# -- item 6 / deliverable 3: torch's get_worker_info answers in the threads --------
+
+class TorchSharded(IterableDataset):
+    """Shards by torch.utils.data.get_worker_info(), as streaming libraries do."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, k = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(w, self.n, k))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_stream_sharding_by_torchs_get_worker_info_yields_each_sample_once(workers):
+    with DataLoader(TorchSharded(20), batch_size=None, num_workers=workers) as ours:
+        got = [int(x) for x in ours]
+    theirs = [int(x) for x in torch.utils.data.DataLoader(TorchSharded(20), batch_size=None, num_workers=workers)]
+    assert got == theirs and sorted(got) == list(range(20))
+    assert torch.utils.data.get_worker_info() is None   # outside the threads, as in torch's main process
+
+
+def test_torchs_get_worker_info_is_none_on_other_threads_while_workers_run():
+    seen = []
+    with DataLoader(TorchSharded(8), batch_size=None, num_workers=2) as loader:
+        it = iter(loader)
+        next(it)
+        t = threading.Thread(target=lambda: seen.append(torch.utils.data.get_worker_info()))
+        t.start()
+        t.join(10)
+    assert seen == [None]
+
+
+HF_CHILD = r"""
+import json, sys, warnings
+import torch, datasets
+from prefetch.torch import StatefulDataLoader
+warnings.simplefilter("ignore")
+stream = datasets.Dataset.from_dict({"x": list(range(20))}).to_iterable_dataset(num_shards=6)
+with StatefulDataLoader(stream, batch_size=None, num_workers=3) as loader:
+    if sys.argv[1] == "save":
+        it = iter(loader)
+        print(json.dumps([int(next(it)["x"]) for _ in range(7)]))
+        torch.save(loader.state_dict(), sys.argv[2])
+    else:
+        loader.load_state_dict(torch.load(sys.argv[2], weights_only=False))
+        print(json.dumps([int(r["x"]) for r in loader]))
+"""
+
+
+def test_hugging_face_datasets_stream_is_sharded_and_resumes_exactly_in_a_new_process(tmp_path):
+    """Item 6 and the issue's target: num_workers=3, the same examples as
+    torch's DataLoader, once each; stopped mid-epoch, saved with torch.save
+    and restored in a new process, it continues exactly."""
+    datasets = pytest.importorskip("datasets")
+    stream = datasets.Dataset.from_dict({"x": list(range(20))}).to_iterable_dataset(num_shards=6)
+    theirs = [int(r["x"]) for r in torch.utils.data.DataLoader(stream, batch_size=None, num_workers=3)]
+    with StatefulDataLoader(stream, batch_size=None, num_workers=3) as loader:
+        whole = [int(r["x"]) for r in loader]
+    assert whole == theirs and sorted(whole) == list(range(20))
+    script, path = tmp_path / "hf.py", str(tmp_path / "state.pt")
+    script.write_text(HF_CHILD)
+    saved = run_script(str(script), ["save", path], timeout=120)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    resumed = run_script(str(script), ["load", path], timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(saved.stdout) + json.loads(resumed.stdout) == whole
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")   # webdataset leaves its tar files to the gc
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_webdataset_shards_by_worker_like_torchs_loader(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    urls = []
+    for s in range(4):
+        path = str(tmp_path / f"shard-{s}.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(5):
+                sink.write({"__key__": f"{s}-{i}", "txt": str(s * 5 + i)})
+        urls.append(path)
+
+    def stream():
+        return wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode().to_tuple("txt")
+    theirs = sorted(int(t[0]) for t in torch.utils.data.DataLoader(stream(), batch_size=None, num_workers=2))
+    with DataLoader(stream(), batch_size=None, num_workers=2) as loader:
+        ours = sorted(int(t[0]) for t in loader)
+    assert ours == theirs == list(range(20))
+
+
+# -- items 1-4, 7: the state at every moment ---------------------------------------
+
+class Squares(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return i * i
+
+
+def _make(**kw):
+    return DataLoader(Squares(), batch_size=3, **kw)
+
+
+def test_a_state_after_break_resumes_the_rest_of_that_epoch():
+    """Item 2: non-persistent workers, the for loop's iterator collected."""
+    whole = flat(_make(shuffle=True, generator=torch.Generator().manual_seed(3), num_workers=2))
+    loader = _make(shuffle=True, generator=torch.Generator().manual_seed(3), num_workers=2)
+    head = []
+    for i, batch in enumerate(loader):
+        head += batch.tolist()
+        if i == 2:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["batches"] == 3
+    with _make(shuffle=True, generator=torch.Generator().manual_seed(3), num_workers=2) as resumed:
+        resumed.load_state_dict(state)
+        assert head + flat(resumed) == whole
+    loader.close()
+
+
+@pytest.mark.parametrize("when", ["before", "end"])
+def test_a_state_at_an_epochs_edge_with_the_global_generator_resumes_that_order(when):
+    """Item 3: shuffle=True without generator=, saved before the first batch or at an epoch's end."""
+    torch.manual_seed(11)
+    loader = _make(shuffle=True, num_workers=2)
+    if when == "end":
+        flat(loader)
+    state = loader.state_dict()
+    expected = flat(loader)
+    torch.manual_seed(999)   # another run's global generator
+    with _make(shuffle=True, num_workers=2) as resumed:
+        resumed.load_state_dict(state)
+        assert flat(resumed) == expected
+    loader.close()
+
+
+class Gate(Dataset):
+    """Sample 0 waits until released: later batches complete first (in_order=False)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i == 0:
+            assert self.release.wait(30), "never released"
+        return i
+
+
+def test_in_order_false_resumes_exactly_what_was_not_delivered():
+    """Item 4: batches delivered out of order are neither lost nor repeated."""
+    data = Gate()
+    loader = DataLoader(data, batch_size=2, num_workers=2, in_order=False)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(3)]   # batch 0 waits: these are later ones
+    assert [0, 1] not in head
+    state = json.loads(json.dumps(loader.state_dict()))
+    data.release.set()
+    loader.close()
+    assert state["batches"] == 3 and len(state["out_of_order"]) == 3
+    with DataLoader(data, batch_size=2, num_workers=2, in_order=False) as resumed:
+        resumed.load_state_dict(state)
+        tail = [b.tolist() for b in resumed]
+    assert sorted(x for b in head + tail for x in b) == list(range(16))
+
+
+def test_persistent_workers_with_a_generator_resume_between_epochs_and_sample_rng():
+    """Item 7: the state between epochs of persistent workers, and prefetch.sample_rng() after it."""
+    import prefetch
+
+    class Draws(Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return i * 1000 + int(prefetch.sample_rng().integers(1000))
+
+    def make():
+        return DataLoader(Draws(), batch_size=3, shuffle=True, num_workers=2, persistent_workers=True,
+                          generator=torch.Generator().manual_seed(5))
+    with make() as loader:
+        flat(loader)
+        state = loader.state_dict()
+        expected = [flat(loader), flat(loader)]
+    with make() as resumed:
+        resumed.load_state_dict(state)
+        assert [flat(resumed), flat(resumed)] == expected
+
+
+class Stateful:
+    """A sampler with its own state (torchdata's Stateful): an offset into the order."""
+
+    def __init__(self, n):
+        self.n, self.offset = n, 0
+
+    def __iter__(self):
+        return iter([(i + self.offset) % self.n for i in range(self.n)])
+
+    def __len__(self):
+        return self.n
+
+    def state_dict(self):
+        return {"offset": self.offset}
+
+    def load_state_dict(self, state):
+        if not isinstance(state.get("offset"), int):
+            raise ValueError(f"bad offset {state!r}")
+        self.offset = state["offset"]
+
+
+def test_a_samplers_own_state_is_saved_and_restored():
+    """Item 8: the sampler's state at the epoch's start comes back with the state."""
+    sampler = Stateful(24)
+    sampler.offset = 5
+    loader = DataLoader(Squares(), batch_size=3, sampler=sampler, num_workers=2)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(2)]
+    state = loader.state_dict()
+    rest = [b.tolist() for b in it]
+    fresh = Stateful(24)   # offset 0: only the state says 5
+    with DataLoader(Squares(), batch_size=3, sampler=fresh, num_workers=2) as resumed:
+        resumed.load_state_dict(state)
+        assert [b.tolist() for b in resumed] == rest
+    assert head[0] == [25, 36, 49]
+    loader.close()
+
+
+def test_bad_generator_or_sampler_state_is_refused_at_load_and_the_loader_stays_usable():
+    """Item 9 and the issue's bad input."""
+    sampler = Stateful(24)
+    with DataLoader(Squares(), batch_size=3, sampler=sampler) as loader:
+        good = loader.state_dict()
+        short = json.loads(json.dumps(good))
+        short["framework"]["iterator_rng"] = short["framework"]["iterator_rng"][:40]
+        with pytest.raises(ValueError, match="bad torch part"):
+            loader.load_state_dict(short)
+        refused = json.loads(json.dumps(good))
+        refused["sampler"]["samplers"] = [{"offset": "x"}]
+        with pytest.raises(ValueError, match="Stateful.load_state_dict refused its state"):
+            loader.load_state_dict(refused)
+        sampler.load_state_dict({"offset": 0})
+        assert len(list(loader)) == 8   # still usable
+        with pytest.raises(ValueError, match="saved for a map-style dataset; this DataLoader's dataset is an iter"):
+            DataLoader(TorchSharded(4)).load_state_dict(good)
+        with pytest.raises(ValueError, match="not a prefetch loader's state"):
+            loader.load_state_dict({"format": "torchdata"})
+
+
+def test_a_streams_state_refuses_another_worker_count():
+    with DataLoader(TorchSharded(12), batch_size=None, num_workers=2) as loader:
+        state = loader.state_dict()
+    with DataLoader(TorchSharded(12), batch_size=None, num_workers=3) as other:
+        with pytest.raises(ValueError, match="saved with 2 worker.*this DataLoader has 3"):
+            other.load_state_dict(state)
+
+
+def test_a_state_after_close_is_where_the_consumer_stopped():
+    whole = flat(_make(num_workers=2))
+    loader = _make(num_workers=2)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(4)]
+    loader.close()
+    state = loader.state_dict()
+    assert state["batches"] == 4
+    with _make(num_workers=2) as resumed:
+        resumed.load_state_dict(state)
+        assert flat(head) + flat(resumed) == whole
+
+
+def test_a_stateful_loader_accepts_snapshot_every_n_steps_and_checks_it():
+    """Item 5."""
+    with StatefulDataLoader(Squares(), batch_size=3, snapshot_every_n_steps=4) as loader:
+        assert loader.snapshot_every_n_steps == 4 and len(list(loader)) == 8
+    with pytest.raises(ValueError, match="snapshot_every_n_steps must be an int >= 0"):
+        StatefulDataLoader(Squares(), snapshot_every_n_steps=-1)
