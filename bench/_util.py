@@ -184,3 +184,72 @@ def table_lines(header, rows, indent="  "):
     def line(r):
         return indent + "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)).rstrip()
     return [line(cols[0]), indent + "  ".join("-" * x for x in w)] + [line(r) for r in cols[1:]]
+
+
+# Memory of a process tree: what a loader with worker processes really holds is the PSS (each
+# shared page divided among the processes sharing it) summed over the process and every
+# descendant (a fork server's children included); RSS would count a shared page once per worker.
+
+def tree_pids(root):
+    """``root`` and every live descendant, parents first (from /proc/PID/task/TID/children, or a
+    scan of /proc where the kernel lacks that file). A process gone meanwhile is left out."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo += _children(pid)
+    return out
+
+
+def _children(pid):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue   # a thread that ended meanwhile
+            return _children_by_scan(pid)   # no such file on this kernel
+        except OSError:
+            continue
+    return kids
+
+
+def _children_by_scan(pid):
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if int(_stat_fields(f"/proc/{d}/stat")[1]) == pid:
+                    kids.append(int(d))
+            except (OSError, ValueError):
+                continue
+    return kids
+
+
+def pss_bytes(pid):
+    """Proportional set size of one process in bytes (/proc/PID/smaps_rollup); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def tree_pss(root):
+    """(PSS of ``root`` and all its live descendants, in bytes; the number of processes counted)."""
+    total = n = 0
+    for pid in tree_pids(root):
+        b = pss_bytes(pid)
+        if b is not None:
+            total += b
+            n += 1
+    return total, n

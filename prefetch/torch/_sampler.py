@@ -18,6 +18,13 @@ sampler gives; the real sampler is still read (for its draws), and the
 next epoch's early batches are kept only when its plan, read again as it
 begins, is the one they were opened for (the same length, batch size and
 generator state: no one drew from the generator in between).
+
+torch's ``RandomSampler`` (without replacement) makes a list of every index
+for each permutation: 1.5 M indices are a 12 MB list of 1.5 M int objects,
+about 58 MiB, held while the epoch lasts, and another for the plan.
+``_Permutation`` reads it as torch does (the same draws from its generator
+at the same reads, the same indices) with the permutation kept a tensor
+(8 bytes an index), turned into ints a slice at a time.
 """
 from __future__ import annotations
 
@@ -55,7 +62,7 @@ class _Plan(NamedTuple):
 
     def batches(self) -> Any:
         """The epoch's index lists, as torch's sampler gives them."""
-        sampler = self.sampler()
+        sampler = _lean(self.sampler())
         if self.batch_size is None:
             return ([i] for i in sampler)
         return iter(BatchSampler(sampler, self.batch_size, self.drop_last))
@@ -100,6 +107,58 @@ def _plan(index_sampler: Any, single: bool, epoch: int) -> Optional[_Plan]:
                  sampler._num_samples, id(g), bytes(g.get_state().numpy()))
 
 
+_SLICE = 4096   # indices of a permutation turned into ints at a time
+
+
+class _Permutation:
+    """torch's ``RandomSampler`` without replacement, iterated as torch
+    iterates it: its generator (or, without one, a seed drawn from torch's
+    global generator at the first read) draws ``randperm(n)`` at the first
+    read and again at the read past each permutation's end; the indices are
+    torch's, from the permutation kept as a tensor."""
+
+    def __init__(self, sampler: RandomSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Any:
+        s = self.sampler
+        n = len(s.data_source)
+        own = s.generator is None
+        if own:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            generator = torch.Generator()
+            generator.manual_seed(seed)
+        else:
+            generator = s.generator
+        num_samples = s.num_samples
+        for _ in range(num_samples // n):
+            yield from _ints(torch.randperm(n, generator=generator))
+        if own and num_samples % n == 0:
+            return   # torch's last draw is from a generator no one else sees
+        yield from _ints(torch.randperm(n, generator=generator)[: num_samples % n])
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+def _ints(perm: Any) -> Any:
+    for start in range(0, len(perm), _SLICE):
+        yield from perm[start:start + _SLICE].tolist()
+
+
+def _lean(sampler: Any) -> Any:
+    """``sampler`` (a batch sampler or a sampler), or one giving the same
+    indices with the same draws without a list of the whole permutation:
+    torch's own ``BatchSampler`` and ``RandomSampler`` without replacement
+    (not subclasses: they may draw otherwise)."""
+    inner = sampler.sampler if type(sampler) is BatchSampler else sampler
+    if type(inner) is not RandomSampler or inner.replacement or not hasattr(inner, "_num_samples"):
+        return sampler
+    if inner is sampler:
+        return _Permutation(inner)
+    return BatchSampler(_Permutation(inner), sampler.batch_size, sampler.drop_last)
+
+
 class _Batches:
     """The index batches of a torch epoch, as the Loader's batch sampler.
 
@@ -125,7 +184,8 @@ class _Batches:
         self.ahead = ahead            # batches torch reads as an epoch begins
         self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
         self.plan: Optional[_Plan] = None        # the epoch's, where its order is known ahead
-        self.next_plan: Optional[_Plan] = None   # the next epoch's
+        self._begun: Optional[_Plan] = None      # the epoch's plan
+        self._next: Optional[_Plan] = None       # the next epoch's, once asked for
         self.generators = _generators(sampler, generator)
         self.stateful = stateful      # the user's samplers with state_dict()/load_state_dict()
         self.pending: Optional[dict[str, Any]] = None   # a state loaded: the next epoch begins there
@@ -165,7 +225,7 @@ class _Batches:
             with self.lock:
                 plan = _plan(self.sampler, self.single, self.number)
                 self.plan = plan
-                self.next_plan = None if plan is None else plan.following()
+                self._begun, self._next = plan, None
                 self._open()
             self.read_to(self.ahead + self.dropped)
         self.dropped = 0
@@ -173,8 +233,19 @@ class _Batches:
             return self.plan.batches()
         return self._take(self.token)
 
+    @property
+    def next_plan(self) -> Optional[_Plan]:
+        """The next epoch's plan. Made when first asked for (by a persistent
+        loader as its next epoch begins), not as this one begins: it costs
+        the draws of an epoch (``randperm(n)`` twice), and a loader that is
+        not persistent never asks."""
+        if self._next is None and self._begun is not None:
+            self._next = self._begun.following()
+        return self._next
+
     def _open(self) -> None:
-        self.source = ([i] for i in self.sampler) if self.single else iter(self.sampler)
+        sampler = _lean(self.sampler)
+        self.source = ([i] for i in sampler) if self.single else iter(sampler)
         self.read: collections.deque[Any] = collections.deque()   # read, not taken by a thread
         self.tries = 0            # reads of the sampler this epoch (the one that ended it too)
         self.exhausted = False    # the sampler ended (or raised)
@@ -182,10 +253,11 @@ class _Batches:
 
     def order(self, epoch: int) -> Optional[_Plan]:
         """The plan of the Loader's epoch ``epoch``: the one begun, or the next."""
-        for plan in (self.plan, self.next_plan):
-            if plan is not None and plan.epoch == epoch:
-                return plan
-        return None
+        if self.plan is not None and self.plan.epoch == epoch:
+            return self.plan
+        if self._begun is None or self._begun.epoch + 1 != epoch:
+            return None
+        return self.next_plan
 
     def read_to(self, tries: int) -> None:
         """Reads the sampler (consumer's thread) until it has been read
