@@ -60,7 +60,7 @@ def _own_batches(n: int, seed: int, epoch: int, shuffle: bool, batch_size: Optio
                  drop_last: bool) -> Iterator[list[Any]]:
     """The key lists of an epoch whose order the Loader gives itself (no
     sampler): a function of its arguments alone, computed as it is first read."""
-    keys: Iterator[Any] = (_ints(np.random.default_rng([seed, epoch]).permutation(n)) if shuffle
+    keys: Iterator[Any] = (ints(np.random.default_rng([seed, epoch]).permutation(n)) if shuffle
                            else iter(range(n)))
     if batch_size is None:
         yield from ([k] for k in keys)
@@ -68,10 +68,10 @@ def _own_batches(n: int, seed: int, epoch: int, shuffle: bool, batch_size: Optio
         yield from _chunks(keys, batch_size, drop_last)
 
 
-def _ints(perm: np.ndarray) -> Iterator[int]:
-    """A permutation's indices as ints, a slice at a time: the whole of it as
-    a list would hold an int object per index (about 40 bytes each) for the
-    epoch, the array holds 8."""
+def ints(perm: Any) -> Iterator[int]:
+    """A permutation's indices (a numpy array or a torch tensor) as ints, a
+    slice at a time: the whole of it as a list would hold an int object per
+    index (about 40 bytes each) for the epoch, the array holds 8."""
     for start in range(0, len(perm), 4096):
         yield from perm[start:start + 4096].tolist()
 

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, Optional
 
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
+from prefetch.loader import ints
 from prefetch.torch._torch import torch
 
 
@@ -107,9 +108,6 @@ def _plan(index_sampler: Any, single: bool, epoch: int) -> Optional[_Plan]:
                  sampler._num_samples, id(g), bytes(g.get_state().numpy()))
 
 
-_SLICE = 4096   # indices of a permutation turned into ints at a time
-
-
 class _Permutation:
     """torch's ``RandomSampler`` without replacement, iterated as torch
     iterates it: its generator (or, without one, a seed drawn from torch's
@@ -132,18 +130,13 @@ class _Permutation:
             generator = s.generator
         num_samples = s.num_samples
         for _ in range(num_samples // n):
-            yield from _ints(torch.randperm(n, generator=generator))
+            yield from ints(torch.randperm(n, generator=generator))
         if own and num_samples % n == 0:
             return   # torch's last draw is from a generator no one else sees
-        yield from _ints(torch.randperm(n, generator=generator)[: num_samples % n])
+        yield from ints(torch.randperm(n, generator=generator)[: num_samples % n])
 
     def __len__(self) -> int:
         return len(self.sampler)
-
-
-def _ints(perm: Any) -> Any:
-    for start in range(0, len(perm), _SLICE):
-        yield from perm[start:start + _SLICE].tolist()
 
 
 def _lean(sampler: Any) -> Any:
