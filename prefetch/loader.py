@@ -69,7 +69,7 @@ def _own_batches(n: int, seed: int, epoch: int, shuffle: bool, batch_size: Optio
 
 
 def ints(perm: Any) -> Iterator[int]:
-    """A permutation's indices (a numpy array or a torch tensor) as ints, a
+    """A permutation's indices (an array with slicing and tolist()) as ints, a
     slice at a time: the whole of it as a list would hold an int object per
     index (about 40 bytes each) for the epoch, the array holds 8."""
     for start in range(0, len(perm), 4096):
