@@ -222,8 +222,9 @@ cdef class _Gauge:
     cdef object remedy             # the notice's advice on processes (a drop-in may name its framework's)
     cdef int64_t t0                # the window's start; 0: the next batch starts one
     cdef int64_t busy0             # the threads' time inside load() at the window's start
-    cdef double cpu0               # their CPU time then
+    cdef object cpu0, runq0, proc0 # the meter's figures then (_meter.pxi; None: unknown)
     cdef int threads               # threads claiming work in the window
+    cdef int cpus                  # CPUs the process may use
     # over every window (seconds, and seconds times a figure)
     cdef double wall_s, busy_s, par_s, wait_s
     # over the serialized windows (the notice's figures)
@@ -241,10 +242,11 @@ cdef class _Gauge:
     cdef void restart(self, bint mapped)
     cdef bint due(self, int64_t now)
     cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads) except -1
-    cdef bint _probe(self, clocks, tids) except -1
+    cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
+                      meter, clocks, tids) except -1
     cdef bint trial_failed(self, int tried, int kept, double speedup) except -1
     cdef _make_notice(self, int threads, double par, double wait_share, trial)
-    cdef object take_notice(self)
+    cpdef object take_notice(self)
 
 
 @cython.final
