@@ -25,7 +25,6 @@ from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 from libc.stdlib cimport free, realloc, strtoll
 from libc.stdio cimport snprintf
-from libc.string cimport strrchr
 from posix.fcntl cimport O_RDONLY
 from posix.fcntl cimport open as c_open
 from posix.time cimport clock_gettime, timespec

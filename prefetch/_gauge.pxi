@@ -36,7 +36,7 @@
 
 cdef double SERIAL_BUSY = 1.25      # threads busy on average, at least, to judge a window
 cdef double WANTED_CPU = 0.5        # ... that wanted CPUs (ran or waited for one), at least
-cdef double BLOCKED_SHARE = 0.15    # ... whose busy time was blocked, this share at least
+cdef double RAN_SHARE = 0.9         # ... that ran on fewer CPUs than this share of them
 cdef double OTHERS_SHARE = 0.5      # ... beside the process's other threads' CPU, under this x theirs
 cdef double SERIAL_FRACTION = 0.65  # warn below this share of min(threads, CPUs)
 cdef double SURE_SHARE = 0.75       # the notice: at least this share of the probes found waiting
@@ -214,4 +214,4 @@ cpdef bint judge(int threads, double busy, cpu, runq, others):
         return False
     if threads < 2 or busy < SERIAL_BUSY or cpu + runq < WANTED_CPU:
         return False
-    return busy - cpu - runq >= BLOCKED_SHARE * busy and others < OTHERS_SHARE * cpu
+    return cpu < RAN_SHARE * busy and others < OTHERS_SHARE * cpu

@@ -58,21 +58,23 @@ cdef object _threads_cpu_s(clocks):
 
 
 cdef object _threads_runq_s(tids):
-    cdef int64_t total = 0, one
+    cdef int64_t total = 0, run, wait
+    cdef int rc
     for tid in tids:
         if tid is not None:
-            one = _runq_ns(<int>tid)
-            if one == -2:
+            rc = _sched_ns(<int>tid, &run, &wait)
+            if rc == -2:
                 return None   # no schedstat here: the gauge cannot tell CPU waits from GIL waits
-            if one >= 0:
-                total += one
+            if rc == 0:
+                total += wait
     return total / 1e9
 
 
-cdef int64_t _runq_ns(int tid) noexcept:
-    """Thread ``tid``'s run-queue delay so far (ns, the 2nd field of
-    /proc/self/task/<tid>/schedstat); -1 where the thread has ended, -2 where
-    this system has no such file."""
+cdef int _sched_ns(int tid, int64_t *run, int64_t *wait) noexcept:
+    """Thread ``tid``'s time on a CPU and its run-queue delay (time runnable,
+    waiting for a CPU) so far, in ns: the first two fields of
+    /proc/self/task/<tid>/schedstat. 0, or -1 where the thread has ended, -2
+    where this system has no such file. Plain C calls: the GIL is kept."""
     cdef char path[64]
     cdef char buf[128]
     cdef ssize_t n
@@ -88,26 +90,30 @@ cdef int64_t _runq_ns(int tid) noexcept:
     if n <= 0:
         return -2
     buf[n] = 0
-    strtoll(buf, &end, 10)            # 1st field: time on a CPU
+    run[0] = strtoll(buf, &end, 10)
     if end == buf:
         return -2
     p = end
-    one = strtoll(p, &end, 10)        # 2nd: time runnable, waiting for a CPU
-    return -2 if end == p else one
+    wait[0] = strtoll(p, &end, 10)
+    return -2 if end == p else 0
 
 
 cdef bint _waiting_for_the_gil(clocks, tids) except -1:
     """True when the loader threads (their CPU clocks: ``clocks``, their
-    kernel thread ids: ``tids``) wait for the GIL: while this thread holds
-    it, none of them runs (no clock moves GIL_RAN_NS in GIL_HOLD_US; one
-    running numpy, a decoder or any code that released the GIL would) and
-    none is runnable (a thread that waits for the GIL sleeps; a runnable one
-    waits for a CPU that other processes hold, and would run numpy there),
-    and once it is let go one of them runs within GIL_LET_GO_US (one waited
-    for it, rather than sleeping on I/O)."""
+    kernel thread ids: ``tids``) wait for the GIL: while this thread holds it
+    for GIL_HOLD_US, none of them runs (no clock moves GIL_RAN_NS; one running
+    numpy, a decoder or any code that released the GIL would) nor wants to
+    (none spent half of it running or runnable: one waiting for a CPU that
+    other processes hold would run numpy there; one waiting for the GIL sleeps
+    but for a short wake-up now and then), and once it is let go one of them
+    runs within GIL_LET_GO_US (one waited for it, rather than sleeping on I/O)."""
     cdef clockid_t ids[64]
     cdef int64_t start[64]
-    cdef int n = 0
+    cdef int64_t run0[64]
+    cdef int64_t wait0[64]
+    cdef int tidv[64]
+    cdef int64_t run, wait
+    cdef int n = 0, k = 0, i
     cdef bint ran
     for c in clocks:
         if c is not None and n < 64:
@@ -115,38 +121,23 @@ cdef bint _waiting_for_the_gil(clocks, tids) except -1:
             n += 1
     if n == 0:
         return False
+    for tid in tids:
+        if tid is not None and k < 64:
+            tidv[k] = <int>tid
+            if _sched_ns(tidv[k], &run0[k], &wait0[k]) != 0:
+                run0[k] = -1
+            k += 1
     _clocks_now(ids, start, n)
     if _ran(ids, start, n, GIL_HOLD_US):    # holding the GIL (this is not a nogil block)
         return False
-    for tid in tids:
-        if tid is not None and _runnable(<int>tid):   # still holding it: read with no Python I/O
+    for i in range(k):   # still holding it: plain C reads, the GIL is kept
+        if (run0[i] >= 0 and _sched_ns(tidv[i], &run, &wait) == 0
+                and (run - run0[i]) + (wait - wait0[i]) >= <int64_t>GIL_HOLD_US * 500):
             return False
     with nogil:
         _clocks_now(ids, start, n)
         ran = _ran(ids, start, n, GIL_LET_GO_US)
     return ran
-
-
-cdef bint _runnable(int tid) noexcept:
-    """Whether thread ``tid`` of this process is runnable (state R in
-    /proc/self/task/<tid>/stat); False where that cannot be read. Plain C
-    calls, so the GIL is not let go meanwhile."""
-    cdef char path[64]
-    cdef char buf[256]
-    cdef ssize_t n
-    cdef int fd
-    cdef char *paren
-    snprintf(path, sizeof(path), b"/proc/self/task/%d/stat", tid)
-    fd = c_open(path, O_RDONLY)
-    if fd < 0:
-        return False
-    n = c_read(fd, buf, sizeof(buf) - 1)
-    c_close(fd)
-    if n <= 0:
-        return False
-    buf[n] = 0
-    paren = strrchr(buf, 41)    # ')': the command name before it may hold anything
-    return paren != NULL and paren[1] == 32 and paren[2] == 82   # ") R"
 
 
 cdef void _clocks_now(clockid_t *ids, int64_t *out, int n) noexcept nogil:
