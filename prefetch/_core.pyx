@@ -25,6 +25,7 @@ from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 from libc.stdlib cimport free, realloc, strtoll
 from libc.stdio cimport snprintf
+from libc.string cimport strrchr
 from posix.fcntl cimport O_RDONLY
 from posix.fcntl cimport open as c_open
 from posix.time cimport clock_gettime, timespec
@@ -34,8 +35,8 @@ from posix.unistd cimport close as c_close
 from posix.unistd cimport read as c_read
 
 
-cdef extern from "<sched.h>" nogil:
-    int sched_yield()
+cdef extern from "<unistd.h>" nogil:
+    int usleep(unsigned usec)
 
 import dataclasses
 import functools

@@ -112,12 +112,14 @@ cdef class _Gauge:
                 self.skip -= 1
                 serialized = self.last_probe
             else:
-                self.last_probe = bool(meter.probe(clocks, tids))
-                self.probes += 1
-                self.probes_ser += self.last_probe
-                if self.probes >= PROBES_SURE:
-                    self.skip = PROBE_EVERY - 1
-                serialized = self.last_probe
+                verdict = meter.probe(clocks, tids)
+                if verdict is not None:   # None: it could not tell (a thread found no CPU for long)
+                    self.last_probe = verdict
+                    self.probes += 1
+                    self.probes_ser += self.last_probe
+                    if self.probes >= PROBES_SURE:
+                        self.skip = PROBE_EVERY - 1
+                    serialized = self.last_probe
             if serialized:
                 par = min(busy, max(<double>cpu, 1.0))
         self.wall_s += wall

@@ -11,7 +11,8 @@
 # meter in its place (tests/core/test_loader_gil.py).
 
 cdef bint _THREAD_CLOCKS = hasattr(time, "pthread_getcpuclockid")
-cdef unsigned GIL_HOLD_US = 2000     # the probe holds the GIL this long at most
+cdef unsigned GIL_HOLD_US = 2000     # the probe holds the GIL this long, and on while a loader
+cdef unsigned GIL_HOLD_MAX_US = 10000  # thread is runnable, up to this
 cdef unsigned GIL_LET_GO_US = 10000  # then lets it go, until a loader thread ran, at most this
 cdef int64_t GIL_RAN_NS = 200 * 1000  # a thread ran (one leaving a short GIL-free step runs less)
 
@@ -37,8 +38,10 @@ class _Meter:
         return _threads_cpu_s(clocks), _threads_runq_s(tids), time.process_time()
 
     def probe(self, clocks, tids):
-        """True when the loader threads wait for the GIL right now (see _waiting_for_the_gil)."""
-        return bool(_waiting_for_the_gil(clocks, tids))
+        """True when the loader threads wait for the GIL right now, False when
+        they do not, None when it cannot tell (see _waiting_for_the_gil)."""
+        cdef int verdict = _waiting_for_the_gil(clocks, tids)
+        return None if verdict < 0 else verdict == 1
 
 
 _METER = _Meter()
@@ -98,46 +101,73 @@ cdef int _sched_ns(int tid, int64_t *run, int64_t *wait) noexcept:
     return -2 if end == p else 0
 
 
-cdef bint _waiting_for_the_gil(clocks, tids) except -1:
+cdef int _waiting_for_the_gil(clocks, tids) except -2:
     """True when the loader threads (their CPU clocks: ``clocks``, their
-    kernel thread ids: ``tids``) wait for the GIL: while this thread holds it
-    for GIL_HOLD_US, none of them runs (no clock moves GIL_RAN_NS; one running
-    numpy, a decoder or any code that released the GIL would) nor wants to
-    (none spent half of it running or runnable: one waiting for a CPU that
-    other processes hold would run numpy there; one waiting for the GIL sleeps
-    but for a short wake-up now and then), and once it is let go one of them
-    runs within GIL_LET_GO_US (one waited for it, rather than sleeping on I/O)."""
+    kernel thread ids: ``tids``) wait for the GIL. While this thread holds it
+    for GIL_HOLD_US, and on while one of them is runnable (up to
+    GIL_HOLD_MAX_US), none of them runs (no clock moves GIL_RAN_NS: one running
+    numpy, a decoder or any code that released the GIL would, as soon as it has
+    a CPU; one waiting for the GIL runs for microseconds when it wakes to look,
+    and sleeps again); and once it is let go one of them runs within
+    GIL_LET_GO_US (one waited for it, rather than sleeping on I/O): 1, else
+    0; -1 (it cannot tell) where a thread is still runnable at
+    GIL_HOLD_MAX_US (no CPU for it so long)."""
     cdef clockid_t ids[64]
     cdef int64_t start[64]
-    cdef int64_t run0[64]
-    cdef int64_t wait0[64]
     cdef int tidv[64]
-    cdef int64_t run, wait
     cdef int n = 0, k = 0, i
-    cdef bint ran
+    cdef int64_t until
+    cdef bint ran, runnable
     for c in clocks:
         if c is not None and n < 64:
             ids[n] = <clockid_t>c
             n += 1
-    if n == 0:
-        return False
     for tid in tids:
         if tid is not None and k < 64:
             tidv[k] = <int>tid
-            if _sched_ns(tidv[k], &run0[k], &wait0[k]) != 0:
-                run0[k] = -1
             k += 1
+    if n == 0:
+        return -1
     _clocks_now(ids, start, n)
     if _ran(ids, start, n, GIL_HOLD_US):    # holding the GIL (this is not a nogil block)
-        return False
-    for i in range(k):   # still holding it: plain C reads, the GIL is kept
-        if (run0[i] >= 0 and _sched_ns(tidv[i], &run, &wait) == 0
-                and (run - run0[i]) + (wait - wait0[i]) >= <int64_t>GIL_HOLD_US * 500):
-            return False
+        return 0
+    until = pf_now_ns() + <int64_t>(GIL_HOLD_MAX_US - GIL_HOLD_US) * 1000
+    while True:   # still holding it: plain C reads, the GIL is kept
+        runnable = False
+        for i in range(k):
+            runnable = runnable or _runnable(tidv[i])
+        if not runnable:
+            break
+        if _ran(ids, start, n, 500):
+            return 0
+        if pf_now_ns() >= until:
+            return -1
     with nogil:
         _clocks_now(ids, start, n)
         ran = _ran(ids, start, n, GIL_LET_GO_US)
-    return ran
+    return 1 if ran else 0
+
+
+cdef bint _runnable(int tid) noexcept:
+    """Whether thread ``tid`` of this process is runnable (state R in
+    /proc/self/task/<tid>/stat: running, or waiting for a CPU); False where
+    that cannot be read."""
+    cdef char path[64]
+    cdef char buf[256]
+    cdef ssize_t n
+    cdef int fd
+    cdef char *paren
+    snprintf(path, sizeof(path), b"/proc/self/task/%d/stat", tid)
+    fd = c_open(path, O_RDONLY)
+    if fd < 0:
+        return False
+    n = c_read(fd, buf, sizeof(buf) - 1)
+    c_close(fd)
+    if n <= 0:
+        return False
+    buf[n] = 0
+    paren = strrchr(buf, 41)    # ')': the command name before it may hold anything
+    return paren != NULL and paren[1] == 32 and paren[2] == 82   # ") R"
 
 
 cdef void _clocks_now(clockid_t *ids, int64_t *out, int n) noexcept nogil:
@@ -148,8 +178,9 @@ cdef void _clocks_now(clockid_t *ids, int64_t *out, int n) noexcept nogil:
 
 cdef bint _ran(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexcept nogil:
     """Whether one of the clocks moved GIL_RAN_NS past ``start`` within
-    ``within_us``; the CPU is yielded between looks (a sleep of microseconds
-    may last milliseconds)."""
+    ``within_us``, sleeping 50 us between looks: the CPU goes to whoever
+    wants it meanwhile (a loader thread woken by the GIL's 5 ms time-out,
+    otherwise left waiting for a CPU beside busy processes)."""
     cdef int64_t deadline = pf_now_ns() + <int64_t>within_us * 1000
     cdef int i
     while True:
@@ -158,7 +189,7 @@ cdef bint _ran(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexce
                 return True
         if pf_now_ns() >= deadline:
             return False
-        sched_yield()
+        usleep(50)
 
 
 cdef inline int64_t _clock_ns(clockid_t clock) noexcept nogil:

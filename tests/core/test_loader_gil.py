@@ -21,6 +21,7 @@ import pytest
 import prefetch._core as core
 from prefetch import GILBoundWarning, Loader
 from prefetch._core import _Gauge, judge
+from support import ScriptedMeter
 
 W = 0.05   # a window, seconds
 EPOCHS_MAX = 200   # bounds a failure only: the scripted figures make the warning come in a few windows
@@ -120,6 +121,17 @@ def test_a_probe_that_finds_no_gil_wait_gives_no_notice(figures):
     assert g.counts()["load_parallelism"] == pytest.approx(2.0)
 
 
+def test_a_probe_that_cannot_tell_counts_for_nothing():
+    """A probe that found a loader thread without a CPU for 10 ms (beside busy
+    processes) cannot tell: the window is not serialized and the probe is not
+    counted, so it neither makes the notice nor holds it back."""
+    g = _Gauge("x", cpus=2)
+    assert not any(feed(g, GIL_BOUND, probe=None, n=10))
+    assert g.take_notice() is None
+    feed(g, GIL_BOUND, n=3)
+    assert g.take_notice() is not None
+
+
 def test_three_quarters_of_the_probes_must_find_the_threads_waiting():
     g = _Gauge("x", cpus=2)
     for verdict in (True, False, True, False, True, False, True, False):
@@ -170,32 +182,13 @@ def test_a_failed_trial_of_serialized_threads_notices_with_its_speedup():
 # -- the Loader with a scripted meter -------------------------------------------
 
 
-class ScriptedMeter:
-    """In place of prefetch._core._METER: the threads' figures grow at the given
-    rates (per second of the monotonic clock), and a probe answers ``probe``."""
-
-    def __init__(self, figures, probe=True, runq_known=True):
-        _busy, self.cpu, self.runq, self.others = figures
-        self.verdict, self.runq_known = probe, runq_known
-        self.t0 = time.monotonic()
-        self.probes = 0
-
-    def read(self, clocks, tids):
-        t = time.monotonic() - self.t0
-        return self.cpu * t, (self.runq * t if self.runq_known else None), (self.cpu + self.others) * t
-
-    def probe(self, clocks, tids):
-        assert threading.current_thread() is not threading.main_thread()   # the publisher probes
-        self.probes += 1
-        return self.verdict
-
-
 class Sleeps:
     """dataset[i] waits 2 ms without the GIL: two threads are inside it about all
-    the time, whatever the CPUs do (the meter says what they did there)."""
+    the time, whatever the CPUs do (the meter says what they did there); an
+    epoch lasts 160 ms or more, longer than the gauge's 50 ms window."""
 
     def __len__(self):
-        return 48
+        return 160
 
     def __getitem__(self, i):
         time.sleep(0.002)
@@ -252,7 +245,7 @@ def test_a_loader_whose_threads_wait_for_blas_or_sleep_is_never_probed(monkeypat
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(6):
-                assert sum((b[:, 0].tolist() for b in loader), []) == list(range(48))
+                assert sum((b[:, 0].tolist() for b in loader), []) == list(range(160))
         stats = loader.stats()
     assert not [str(w.message) for w in caught if issubclass(w.category, GILBoundWarning)]
     assert meter.probes == 0
@@ -267,7 +260,7 @@ def test_a_loader_whose_probes_find_threads_wanting_cpus_does_not_warn(monkeypat
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(6):
-                assert sum((b[:, 0].tolist() for b in loader), []) == list(range(48))
+                assert sum((b[:, 0].tolist() for b in loader), []) == list(range(160))
         stats = loader.stats()
     assert not [str(w.message) for w in caught if issubclass(w.category, GILBoundWarning)]
     assert meter.probes > 0 and stats.load_wait_share == 0.0
@@ -280,7 +273,7 @@ def test_without_run_queue_figures_no_probe_and_no_warning(monkeypatch, two_cpus
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(6):
-                assert len(list(loader)) == 12
+                assert len(list(loader)) == 40
         stats = loader.stats()
     assert not [w for w in caught if issubclass(w.category, GILBoundWarning)]
     assert meter.probes == 0 and stats.load_parallelism > 0
@@ -293,7 +286,7 @@ def test_one_cpu_loader_gives_no_warning(monkeypatch):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(6):
-                assert len(list(loader)) == 12
+                assert len(list(loader)) == 40
     assert not [w for w in caught if issubclass(w.category, GILBoundWarning)]
 
 
@@ -321,7 +314,7 @@ def test_the_warning_as_an_error_loses_no_batch(monkeypatch, two_cpus):
                 if raised:
                     break
     assert raised == 1
-    assert all(e == list(range(48)) for e in got)
+    assert all(e == list(range(160)) for e in got)
 
 
 def test_the_real_meter_reads_this_process(two_cpus):
