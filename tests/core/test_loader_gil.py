@@ -123,11 +123,13 @@ def test_a_probe_that_finds_no_gil_wait_gives_no_notice(figures):
 
 def test_a_probe_that_cannot_tell_counts_for_nothing():
     """A probe that found a loader thread without a CPU for 10 ms (beside busy
-    processes) cannot tell: the window is not serialized and the probe is not
-    counted, so it neither makes the notice nor holds it back."""
+    processes) cannot tell: the window is not serialized, and the probe is not
+    counted among the probes (three that found the threads waiting make the notice)."""
     g = _Gauge("x", cpus=2)
-    assert not any(feed(g, GIL_BOUND, probe=None, n=10))
+    assert feed(g, GIL_BOUND, probe=None, n=10) == [False] * 10
     assert g.take_notice() is None
+    g = _Gauge("x", cpus=2)
+    feed(g, GIL_BOUND, probe=None)
     feed(g, GIL_BOUND, n=3)
     assert g.take_notice() is not None
 
