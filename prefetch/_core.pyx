@@ -28,15 +28,13 @@ from libc.stdio cimport snprintf
 from libc.string cimport strrchr
 from posix.fcntl cimport O_RDONLY
 from posix.fcntl cimport open as c_open
-from posix.time cimport clock_gettime, timespec
+from posix.time cimport clock_gettime, nanosleep, timespec
 from posix.types cimport clockid_t
 from posix.unistd cimport access as c_access
 from posix.unistd cimport close as c_close
 from posix.unistd cimport read as c_read
 
 
-cdef extern from "<unistd.h>" nogil:
-    int usleep(unsigned usec)
 
 import dataclasses
 import functools

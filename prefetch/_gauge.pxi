@@ -5,24 +5,26 @@
 # The publisher measures windows (>= 50 ms, closed at a batch taken) through
 # the meter (_meter.pxi): per second, the threads busy inside load(key) on
 # average (`busy`), the CPUs they ran on (`cpu`), the CPUs they waited for
-# while runnable (`runq`), and the CPUs the process's other threads used
-# (`lib`: a library's own threads such as BLAS's, the training step). What is
-# left of the busy time, `blocked = busy - cpu - runq`, the threads slept:
-# on the GIL, on I/O or on a library's lock. A thread waiting for a CPU is
-# runnable, so a CPU starved by other processes shows as runq, never as
-# blocked. judge() is the decision, a pure function of those figures plus the
-# probe's verdict (tests feed it windows).
+# while runnable (`runq`), and the CPU the process's other threads used
+# (`others`: a library's own threads such as BLAS's, the training step).
+# judge() says from those figures whether a window is worth a probe; the
+# probe's verdict decides it. Both are fed figures by tests (window()).
 #
-# A window is judged where >= 2 threads were busy (>= 1.25 on average), they
-# wanted CPUs (cpu + runq >= 0.5: threads sleeping on I/O hold no GIL), at
-# least 15 % of their busy time was blocked, and the process's other threads
-# used less than half the CPU the loader threads did (else the loader threads
-# may wait on them: BLAS's). There the GIL is probed (_meter.pxi): holding it,
-# is no loader thread running or runnable, and once let go does one run at
-# once? Both: they wait for the GIL, the window is serialized, and its
-# parallelism is the CPUs the threads ran on, at least one (one held the GIL
-# throughout); any other window's parallelism is the busy threads. The probe
-# costs at most 2 ms of GIL; after 8 probes only every 4th judged window
+# A window is probed where >= 2 threads were busy (>= 1.25 on average), they
+# wanted CPUs (cpu + runq >= 0.5: threads sleeping on I/O hold no GIL), ran on
+# fewer than 0.9 x busy CPUs (else they ran in parallel), and the process's
+# other threads used under half the CPU the loader threads did (else the
+# loader threads may wait on them: BLAS's callers wait for BLAS's threads,
+# which fill the CPUs). The figures alone cannot tell a GIL wait from a CPU
+# wait: a thread waiting for the GIL wakes every 5 ms to look at it, and beside
+# busy processes then waits for a CPU too (runq about 0.9 of a pure-Python
+# dataset's second thread, on 2 CPUs beside one busy process). The probe
+# (_meter.pxi) tells: holding the GIL, does no loader thread run, even once it
+# has a CPU, and once let go does one run at once? Both: they wait for the
+# GIL, the window is serialized, and its parallelism is the CPUs the threads
+# ran on, at least one (one held the GIL throughout); any other window's
+# parallelism is the busy threads. A probe that cannot tell (a thread got no
+# CPU for 10 ms) is not counted. After 8 probes only every 4th judged window
 # probes (the others reuse its verdict). Without run-queue figures (no /proc:
 # not Linux) no window is judged: no warning where the gauge cannot tell.
 #
@@ -36,8 +38,8 @@
 
 cdef double SERIAL_BUSY = 1.25      # threads busy on average, at least, to judge a window
 cdef double WANTED_CPU = 0.5        # ... that wanted CPUs (ran or waited for one), at least
-cdef double RAN_SHARE = 0.9         # ... that ran on fewer CPUs than this share of them
-cdef double OTHERS_SHARE = 0.5      # ... beside the process's other threads' CPU, under this x theirs
+cdef double RAN_SHARE = 0.9         # ... that ran on fewer CPUs than this share of the busy ones
+cdef double OTHERS_SHARE = 0.5      # ... while the process's other threads used under this x their CPU
 cdef double SERIAL_FRACTION = 0.65  # warn below this share of min(threads, CPUs)
 cdef double SURE_SHARE = 0.75       # the notice: at least this share of the probes found waiting
 cdef int PROBES_SURE = 8            # probes after which ...
@@ -209,9 +211,9 @@ cpdef bint judge(int threads, double busy, cpu, runq, others):
     """Whether a window's figures (per second: ``busy`` threads inside load,
     the ``cpu`` they ran on, the ``runq`` CPUs they waited for, the CPU the
     process's ``others`` threads used; None: unknown) call for a probe of the
-    GIL: two threads or more busy, wanting CPUs, often blocked (neither running
-    nor waiting for a CPU), not beside other threads of this process that
-    keep CPUs busy. Unknown figures: never (the gauge cannot tell)."""
+    GIL: two threads or more busy, wanting CPUs, running on fewer than they
+    were busy, not beside other threads of this process that keep CPUs busy.
+    Unknown figures: never (the gauge cannot tell)."""
     if cpu is None or runq is None or others is None:
         return False
     if threads < 2 or busy < SERIAL_BUSY or cpu + runq < WANTED_CPU:

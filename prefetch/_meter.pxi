@@ -61,29 +61,29 @@ cdef object _threads_cpu_s(clocks):
 
 
 cdef object _threads_runq_s(tids):
-    cdef int64_t total = 0, run, wait
-    cdef int rc
+    cdef int64_t total = 0, one
     for tid in tids:
         if tid is not None:
-            rc = _sched_ns(<int>tid, &run, &wait)
-            if rc == -2:
+            one = _runq_ns(<int>tid)
+            if one == -2:
                 return None   # no schedstat here: the gauge cannot tell CPU waits from GIL waits
-            if rc == 0:
-                total += wait
+            if one >= 0:
+                total += one
     return total / 1e9
 
 
-cdef int _sched_ns(int tid, int64_t *run, int64_t *wait) noexcept:
-    """Thread ``tid``'s time on a CPU and its run-queue delay (time runnable,
-    waiting for a CPU) so far, in ns: the first two fields of
-    /proc/self/task/<tid>/schedstat. 0, or -1 where the thread has ended, -2
-    where this system has no such file. Plain C calls: the GIL is kept."""
+cdef int64_t _runq_ns(int tid) noexcept:
+    """Thread ``tid``'s run-queue delay so far (ns: time runnable, waiting for
+    a CPU; the 2nd field of /proc/self/task/<tid>/schedstat, which the kernel
+    adds to when the thread next runs); -1 where the thread has ended, -2
+    where this system has no such file."""
     cdef char path[64]
     cdef char buf[128]
     cdef ssize_t n
     cdef int fd
     cdef char *end
     cdef char *p
+    cdef long long wait
     snprintf(path, sizeof(path), b"/proc/self/task/%d/schedstat", tid)
     fd = c_open(path, O_RDONLY)
     if fd < 0:
@@ -93,12 +93,12 @@ cdef int _sched_ns(int tid, int64_t *run, int64_t *wait) noexcept:
     if n <= 0:
         return -2
     buf[n] = 0
-    run[0] = strtoll(buf, &end, 10)
+    strtoll(buf, &end, 10)   # 1st field: time on a CPU
     if end == buf:
         return -2
     p = end
-    wait[0] = strtoll(p, &end, 10)
-    return -2 if end == p else 0
+    wait = strtoll(p, &end, 10)
+    return -2 if end == p else wait
 
 
 cdef int _waiting_for_the_gil(clocks, tids) except -2:
@@ -182,14 +182,17 @@ cdef bint _ran(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexce
     wants it meanwhile (a loader thread woken by the GIL's 5 ms time-out,
     otherwise left waiting for a CPU beside busy processes)."""
     cdef int64_t deadline = pf_now_ns() + <int64_t>within_us * 1000
+    cdef timespec pause
     cdef int i
+    pause.tv_sec = 0
+    pause.tv_nsec = 50 * 1000
     while True:
         for i in range(n):
             if start[i] >= 0 and _clock_ns(ids[i]) - start[i] >= GIL_RAN_NS:
                 return True
         if pf_now_ns() >= deadline:
             return False
-        usleep(50)
+        nanosleep(&pause, NULL)
 
 
 cdef inline int64_t _clock_ns(clockid_t clock) noexcept nogil:
