@@ -38,9 +38,16 @@ class _Meter:
         return _threads_cpu_s(clocks), _threads_runq_s(tids), time.process_time()
 
     def probe(self, clocks, tids):
-        """True when the loader threads wait for the GIL right now, False when
-        they do not, None when it cannot tell (see _waiting_for_the_gil)."""
+        """True when the loader threads wait for the GIL, False when they do
+        not, None when it cannot tell (see _waiting_for_the_gil). Found
+        waiting, they are looked at once more, right after one of them took
+        the GIL and this thread took it back: threads of a dataset that holds
+        the GIL queue for it again, while threads that queued by chance (the
+        holder of the GIL kept off a CPU by busy processes while the others
+        left their GIL-free work) have gone back to that work."""
         cdef int verdict = _waiting_for_the_gil(clocks, tids)
+        if verdict == 1:
+            verdict = _waiting_for_the_gil(clocks, tids)
         return None if verdict < 0 else verdict == 1
 
 
