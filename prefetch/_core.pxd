@@ -241,9 +241,9 @@ cdef class _Gauge:
 
     cdef void restart(self, bint mapped)
     cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads) except -1
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      meter, clocks, tids) except -1
+                      meter, tuple at_work) except -1
     cdef bint trial_failed(self, int tried, int kept, double speedup) except -1
     cdef _make_notice(self, int threads, double par, double wait_share, trial)
     cpdef object take_notice(self)
@@ -463,6 +463,7 @@ cdef class _LoaderThreads:
     cdef void gone(self, int wid)
     cdef void busy(self, int wid, key, int64_t since)
     cdef int64_t busy_ns(self, int64_t now)
+    cdef tuple at_work(self)
     cdef str describe(self)
     cdef void close(self, double grace) except *
 

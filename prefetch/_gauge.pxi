@@ -71,11 +71,12 @@ cdef class _Gauge:
         """The batch being taken closes a window."""
         return self.t0 == 0 or now - self.t0 >= GAUGE_WINDOW_NS
 
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads) except -1:
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1:
         """Called when due(), when the tuner's window closes and when the
         thread count changed: ends the window at ``now`` (``busy_ns``: the
         threads' total time inside load() so far, ``clocks``/``tids`` their
-        CPU clocks and kernel ids) and starts the next one. A window of another
+        CPU clocks and kernel ids, ``at_work`` those of the threads inside
+        load() now, which a probe looks at) and starts the next one. A window of another
         thread count than ``threads``, or under 10 ms, is dropped."""
         cdef double wall
         meter = _METER
@@ -88,7 +89,7 @@ cdef class _Gauge:
                 figures[3] = max(0.0, (proc_s - self.proc0) / wall - figures[1])
                 if runq_s is not None and self.runq0 is not None:
                     figures[2] = (runq_s - self.runq0) / wall
-            self._window(wall, threads, figures[0], figures[1], figures[2], figures[3], meter, clocks, tids)
+            self._window(wall, threads, figures[0], figures[1], figures[2], figures[3], meter, at_work)
         elif threads != self.threads:
             self.skip = 0   # the first judged window of a new count is probed
         self.t0 = now
@@ -102,10 +103,10 @@ cdef class _Gauge:
         ``others`` None where unknown), judged as after_batch() judges them,
         with ``probe`` the verdict a probe would give (tests). True where
         the window was serialized."""
-        return self._window(wall, threads, busy, cpu, runq, others, _Verdict(probe), None, None)
+        return self._window(wall, threads, busy, cpu, runq, others, _Verdict(probe), ([None] * 2, [None] * 2))
 
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      meter, clocks, tids) except -1:
+                      meter, tuple at_work) except -1:
         cdef double par = busy
         cdef double limit
         cdef bint serialized = False
@@ -114,7 +115,8 @@ cdef class _Gauge:
                 self.skip -= 1
                 serialized = self.last_probe
             else:
-                verdict = meter.probe(clocks, tids)
+                # Two threads at work at least: a probe looks at threads waiting on each other.
+                verdict = meter.probe(*at_work) if len(at_work[0]) >= 2 else None
                 if verdict is not None:   # None: it could not tell (a thread found no CPU for long)
                     self.last_probe = verdict
                     self.probes += 1
