@@ -2,20 +2,22 @@
 
 Fresh loaders, each iterated for a few seconds (--gil-load-s) or until its
 prefetch.GILBoundWarning, beside 0, 2 and 4 busy processes (each a Python loop
-keeping one CPU busy, started before the loaders and killed after). Datasets:
+keeping one CPU busy, started before the loaders and killed after). Datasets, in
+this order within each count of busy processes:
 
+    pure Python       the GIL-bound section's dataset (tokenising in Python, holds the
+                      GIL throughout); Loader() (workers="auto", the default)
     image pipeline    the image section's dataset (Pillow decode, crop, normalise):
                       its threads run in parallel; Loader(workers=2)
     numpy/BLAS        dataset[i] multiplies 256x256 float64 matrices (BLAS releases
-                      the GIL and runs its own threads on every CPU); Loader(workers=2)
-    pure Python       the GIL-bound section's dataset (tokenising in Python, holds the
-                      GIL throughout); Loader() (workers="auto", the default)
+                      the GIL and runs its own threads on every CPU); Loader(workers=2);
+                      then a pause while BLAS's threads go idle (BLAS_IDLE_S)
 
 Each cell is the count of loaders that warned out of --gil-load-runs (default 3;
 quick 2), and for pure Python the slowest time to the warning. Busy processes
 take CPUs from the loader threads: threads waiting for a CPU are not waiting for
-the GIL, and processes would not load a GIL-free dataset faster, so the first
-two datasets must never warn. Pure-Python threads wait for the GIL whatever the
+the GIL, and processes would not load a GIL-free dataset faster, so the image
+pipeline and numpy/BLAS must never warn. Pure-Python threads wait for the GIL whatever the
 other processes do (processes would get a share of the CPUs per process, where
 GIL-bound threads get one), so it must warn, within 2 s, beside 0 and 2 busy
 processes. Beside 4 on 2 CPUs it is reported, not judged.
@@ -39,6 +41,10 @@ GIL_WARNINGS = True   # its GILBoundWarnings are its subject: not counted by ben
 HOGS = (0, 2, 4)
 PURE_HOGS_JUDGED = (0, 2)
 WARN_S = 2.0          # the pure-Python warning's target
+# BLAS's threads spin for about 0.15 s after the last product: a loader started meanwhile in
+# this process sees its other threads keep the CPUs busy, and judges no window (as it should),
+# so the next cell waits for them to go idle rather than measure the previous one's tail.
+BLAS_IDLE_S = 0.5
 BATCH = 32
 
 
@@ -101,16 +107,16 @@ def _datasets(cfg):
     import bench_gil
     import bench_loader
     sets = {}
+    # The GIL-bound section's calibration: about --gil-ms per batch on one thread (an epoch
+    # shorter than the gauge's 50 ms window would never be judged).
+    rounds = max(1, round(cfg["gil_ms"] / 1e3 / bench_gil._serial_batch_s(bench_gil.Texts(BATCH, 1))))
+    sets["pure Python"] = (bench_gil.Texts(6 * BATCH, rounds), "auto", True)
     try:
         import PIL  # noqa: F401
         sets["image pipeline"] = (bench_loader.Images(bench_loader.make_jpegs(16), 6 * BATCH), 2, False)
     except ImportError:
         pass
-    sets["numpy/BLAS"] = (Matmul(6 * BATCH), 2, False)
-    # The GIL-bound section's calibration: about --gil-ms per batch on one thread (an epoch
-    # shorter than the gauge's 50 ms window would never be judged).
-    rounds = max(1, round(cfg["gil_ms"] / 1e3 / bench_gil._serial_batch_s(bench_gil.Texts(BATCH, 1))))
-    sets["pure Python"] = (bench_gil.Texts(6 * BATCH, rounds), "auto", True)
+    sets["numpy/BLAS"] = (Matmul(6 * BATCH), 2, False)   # last: see BLAS_IDLE_S
     return sets
 
 
@@ -124,6 +130,8 @@ def run(cfg, say):
                 for k in range(cfg["runs"]):
                     say(f"{name} beside {hogs} busy processes: loader {k + 1} of {cfg['runs']}")
                     cells[name][hogs].append(warned_after(ds, workers, 3 * WARN_S if gil_bound else cfg["seconds"]))
+                    if isinstance(ds, Matmul):
+                        time.sleep(BLAS_IDLE_S)
     rows, verdicts = [], []
     for name, (_ds, workers, gil_bound) in sets.items():
         row = [f"{name} (workers={workers!r})"]
