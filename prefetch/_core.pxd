@@ -234,7 +234,10 @@ cdef class _Gauge:
     cdef int skip                  # judged windows until the next probe
     cdef bint last_serialized      # the last window's verdict, and its thread count
     cdef int last_threads
-    cdef double last_busy, last_par
+    cdef double last_busy, last_par, last_cpu
+    cdef bint last_open            # the last window called for a probe that did not tell
+    cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
+    cdef object prober             # and the meter that probes them
     cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None

@@ -101,23 +101,27 @@ cdef class _Gauge:
     def window(self, double wall, int threads, double busy, cpu, runq, others, probe):
         """One window's figures (per second of ``wall``; ``cpu``/``runq``/
         ``others`` None where unknown), judged as after_batch() judges them,
-        with ``probe`` the verdict a probe would give (tests). True where
-        the window was serialized."""
-        return self._window(wall, threads, busy, cpu, runq, others, _Verdict(probe), ([None] * 2, [None] * 2))
+        with ``probe`` the verdict a probe would give, or a meter whose
+        probe() gives them (tests). True where the window was serialized."""
+        meter = probe if hasattr(probe, "probe") else _Verdict(probe)
+        return self._window(wall, threads, busy, cpu, runq, others, meter, ([None] * 2, [None] * 2))
 
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
                       meter, tuple at_work) except -1:
         cdef double par = busy
         cdef double limit
         cdef bint serialized = False
-        if judge(threads, busy, cpu, runq, others):
+        cdef bint judged = judge(threads, busy, cpu, runq, others), decided = False
+        if judged:
             if self.skip:
+                decided = True
                 self.skip -= 1
                 serialized = self.last_probe
             else:
                 # Two threads at work at least: a probe looks at threads waiting on each other.
                 verdict = meter.probe(*at_work) if len(at_work[0]) >= 2 else None
                 if verdict is not None:   # None: it could not tell (a thread found no CPU for long)
+                    decided = True
                     self.last_probe = verdict
                     self.probes += 1
                     self.probes_ser += self.last_probe
@@ -132,6 +136,9 @@ cdef class _Gauge:
         self.wait_s += (busy - par) * wall
         self.last_serialized, self.last_threads = serialized, threads
         self.last_busy, self.last_par = busy, par
+        self.last_open = judged and not decided
+        self.last_cpu = cpu if judged else 0.0
+        self.at_work, self.prober = at_work, meter
         if serialized:
             self.ser_wall_s += wall
             self.ser_busy_s += busy * wall
@@ -150,10 +157,22 @@ cdef class _Gauge:
     cdef bint trial_failed(self, int tried, int kept, double speedup) except -1:
         """workers="auto" tried ``tried`` threads and goes back to ``kept``: ``speedup`` is the measured rate over the
         rate before. True when the threads took turns on the GIL in that trial:
-        its last window was serialized (the notice is made). No more probes
-        are made here: the publisher is not taking batches meanwhile, so the
-        threads soon wait for room rather than for the GIL."""
-        if not (self.last_serialized and self.last_threads == tried):
+        its last window was serialized (the notice is made). Where that window
+        called for a probe that could not tell (fewer than two threads at
+        work then, or one without a CPU for long), the threads are probed now,
+        while the trial's threads still work (the batch just taken closed it):
+        else the next trial, 50 windows on, would be the first to tell."""
+        if self.last_threads != tried:
+            return False
+        if self.last_open and len(self.at_work[0]) >= 2:
+            verdict = self.prober.probe(*self.at_work)
+            if verdict is not None:
+                self.probes += 1
+                self.probes_ser += verdict
+                if verdict:
+                    self.last_serialized = True
+                    self.last_par = min(self.last_busy, max(self.last_cpu, 1.0))
+        if not self.last_serialized:
             return False
         self._make_notice(tried, self.last_par, 1.0 - self.last_par / self.last_busy, (kept, speedup))
         return True

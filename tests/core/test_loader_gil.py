@@ -153,6 +153,34 @@ def test_threads_that_queue_on_the_gil_now_and_then_are_not_gil_bound():
     assert g.counts()["load_parallelism"] > 1.6
 
 
+class Answers:
+    """A probe that gives these verdicts in turn."""
+
+    def __init__(self, *verdicts):
+        self.verdicts = list(verdicts)
+
+    def probe(self, clocks, tids):
+        return self.verdicts.pop(0)
+
+
+def test_a_failed_trial_whose_last_probe_could_not_tell_probes_the_threads_then():
+    """The last window of a workers="auto" trial called for a probe that could not
+    tell: the threads are probed when the trial fails, and their wait gives the notice."""
+    g = _Gauge("x", cpus=2)
+    answers = Answers(None, True)
+    assert not g.window(W, 2, *GIL_BOUND, answers)
+    assert g.trial(2, 1, 1.01) and not answers.verdicts
+    w = g.take_notice()
+    assert w.speedup == pytest.approx(1.01) and w.parallelism == pytest.approx(1.0)
+    g = _Gauge("x", cpus=2)
+    g.window(W, 2, *GIL_BOUND, Answers(None, False))
+    assert not g.trial(2, 1, 1.01) and g.take_notice() is None
+    g = _Gauge("x", cpus=2)
+    answers = Answers(True)
+    g.window(W, 2, *PARALLEL, answers)
+    assert not g.trial(2, 1, 1.01) and answers.verdicts == [True]   # ran in parallel: no probe
+
+
 def test_one_cpu_gives_figures_but_no_notice():
     """Where the process may use one CPU, threads and processes alike run one at a time."""
     g = _Gauge("x", cpus=1)
