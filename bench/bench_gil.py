@@ -43,6 +43,7 @@ import _util as U
 from bench_loader import collate, steady_epoch_batches_per_s
 
 TITLE = "GIL-bound dataset: pure-Python dataset[i] (where process workers win)"
+GIL_WARNINGS = True   # its GILBoundWarnings are its subject: not counted by bench/run.py
 
 BATCH = 32
 TOKENS = 128

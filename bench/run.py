@@ -33,6 +33,8 @@ The module provides
                              report leads with), "skipped": why nothing was measured (a
                              missing dependency; the section then counts as not run)
 and optionally
+    GIL_WARNINGS = True      # its GILBoundWarnings are its subject; every other section's are
+                             # counted by the harness (a target: none where threads run in parallel)
     MX_ROWS = True           it has rows that need MXNet: where mxnet does not import here and
                              --mx-python names an interpreter where it does (bench/main.sh
                              passes the MXNet environment's), the whole section runs there, in a
@@ -63,12 +65,12 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
-SECTIONS = ["loader", "loader_mx", "gil", "loader_scaling", "handoff", "handover", "copy", "memory", "overlap",
-            "mx_engine", "mx_e2e", "torch", "tree", "footprint"]
+SECTIONS = ["loader", "loader_val", "loader_mx", "gil", "gil_load", "loader_scaling", "handoff", "handover", "copy",
+            "memory", "overlap", "mx_engine", "mx_e2e", "torch", "tree", "footprint"]
 # --quick runs these (what the first line states: prefetch against the loaders a user would
 # use instead) unless --sections says otherwise; the others are named in the report as left
 # to a full run.
-QUICK_SECTIONS = ["loader", "loader_mx", "mx_engine"]
+QUICK_SECTIONS = ["loader", "loader_val", "loader_mx", "mx_engine"]
 
 try:
     import _baselines as B
@@ -268,7 +270,9 @@ def _run_section(a, mod, say):
     t0, meter = time.perf_counter(), U.OtherCpu()
     cfg = mod.config(a)
     cfg["max_reps"] = _max_reps(a, cfg)
-    r = mod.run(cfg, say)
+    with U.gil_warnings() as notes:
+        r = mod.run(cfg, say)
+    r["gil_warnings"] = [str(w) for _t, w in notes]
     r["config"], r["wall_s"] = cfg, round(time.perf_counter() - t0, 1)
     r["others_cores"] = meter.cores()
     for v in r["verdicts"]:
@@ -386,6 +390,7 @@ def main(argv=None):
     if sys.stderr.isatty():
         print(file=sys.stderr)
     wall, others = time.perf_counter() - t_start, machine.cores()
+    verdicts += _gil_verdict(results, mods)
 
     lines = _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
     text = "\n".join(lines)
@@ -419,6 +424,24 @@ def main(argv=None):
         print(failed, file=sys.stderr)
         return 1
     return 1 if errors else 0
+
+
+def _gil_verdict(results, mods):
+    """GILBoundWarnings given in every section that ran, but those whose subject they are
+    (GIL_WARNINGS): none is the target (their threads run in parallel, or wait for CPUs)."""
+    counted = {s: r.get("gil_warnings", []) for s, r in results.items()
+               if not r.get("skipped") and not getattr(mods[s], "GIL_WARNINGS", False)}
+    if not counted:
+        return []
+    n = sum(len(w) for w in counted.values())
+    where = "; ".join(f"{mods[s].TITLE.split(':')[0]}: {len(w)}" for s, w in counted.items() if w)
+    v = S.Verdict(f"no GILBoundWarning in the sections where threads run in parallel ({len(counted)} of "
+                  f"{len(results)} sections run)", f"{n} warning(s)" + (f" ({where})" if where else ""),
+                  S.MISSED if n else S.MET)
+    if n:
+        v.note = "first: " + next(w[0] for w in counted.values() if w)
+    v.busy = any((results[s].get("others_cores") or 0) > U.BUSY_CORES for s in counted)
+    return [v]
 
 
 def _max_reps(a, cfg):

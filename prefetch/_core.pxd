@@ -222,8 +222,9 @@ cdef class _Gauge:
     cdef object remedy             # the notice's advice on processes (a drop-in may name its framework's)
     cdef int64_t t0                # the window's start; 0: the next batch starts one
     cdef int64_t busy0             # the threads' time inside load() at the window's start
-    cdef double cpu0               # their CPU time then
+    cdef object cpu0, runq0, proc0 # the meter's figures then (_meter.pxi; None: unknown)
     cdef int threads               # threads claiming work in the window
+    cdef int cpus                  # CPUs the process may use
     # over every window (seconds, and seconds times a figure)
     cdef double wall_s, busy_s, par_s, wait_s
     # over the serialized windows (the notice's figures)
@@ -233,18 +234,22 @@ cdef class _Gauge:
     cdef int skip                  # judged windows until the next probe
     cdef bint last_serialized      # the last window's verdict, and its thread count
     cdef int last_threads
-    cdef double last_busy, last_par
+    cdef double last_busy, last_par, last_cpu
+    cdef bint last_open            # the last window called for a probe that did not tell
+    cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
+    cdef object prober             # and the meter that probes them
     cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
 
     cdef void restart(self, bint mapped)
     cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads) except -1
-    cdef bint _probe(self, clocks, tids) except -1
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1
+    cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
+                      meter, tuple at_work) except -1
     cdef bint trial_failed(self, int tried, int kept, double speedup) except -1
     cdef _make_notice(self, int threads, double par, double wait_share, trial)
-    cdef object take_notice(self)
+    cpdef object take_notice(self)
 
 
 @cython.final
@@ -461,6 +466,7 @@ cdef class _LoaderThreads:
     cdef void gone(self, int wid)
     cdef void busy(self, int wid, key, int64_t since)
     cdef int64_t busy_ns(self, int64_t now)
+    cdef tuple at_work(self)
     cdef str describe(self)
     cdef void close(self, double grace) except *
 

@@ -8,7 +8,7 @@
 # _tree.pxi, the CopyPlan of _copy.pxi, memcpy without the GIL by
 # csrc/pf_copy.c into pool blocks of _pool.pxi/csrc/pf_pool.c), or a map
 # stage's epoch (_map.pxi: dataset[i] on loader threads, _collate.pxi into
-# pooled rows, _gauge.pxi: do the threads run in parallel, _tune.pxi for
+# pooled rows, _gauge.pxi: do the threads run in parallel (_meter.pxi reads them), _tune.pxi for
 # workers="auto"). The _Core here publishes: its
 # one publisher thread reserves a ring slot (csrc/pf_ring.c), asks the stage
 # for the next batch's parts, delivers them to the device (an adapter's
@@ -23,19 +23,18 @@ cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport INT64_MAX, int64_t, uint64_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, realloc, strtoll
 from libc.stdio cimport snprintf
 from libc.string cimport strrchr
 from posix.fcntl cimport O_RDONLY
 from posix.fcntl cimport open as c_open
-from posix.time cimport clock_gettime, timespec
+from posix.time cimport clock_gettime, nanosleep, timespec
 from posix.types cimport clockid_t
+from posix.unistd cimport access as c_access
 from posix.unistd cimport close as c_close
 from posix.unistd cimport read as c_read
 
 
-cdef extern from "<sched.h>" nogil:
-    int sched_yield()
 
 import dataclasses
 import functools
@@ -72,6 +71,7 @@ include "_fetch.pxi"
 include "_collate.pxi"
 include "_assemble.pxi"
 include "_stack.pxi"
+include "_meter.pxi"
 include "_gauge.pxi"
 include "_epoch_batches.pxi"
 include "_tune.pxi"

@@ -1,169 +1,65 @@
-# _gauge.pxi (included by _core.pyx): do a map stage's threads run in parallel?
+# _gauge.pxi (included by _core.pyx): do a map stage's threads run in parallel,
+# and where they do not, do they wait for the GIL (processes would help) or for
+# CPUs (taken by other processes, or by this process's other threads: they would not)?
 #
-# The publisher measures windows (>= 50 ms, closed at a batch taken): the
-# threads' time inside load(key), per second the threads busy on average,
-# and the CPU time the loader threads used (each thread's own CPU clock, read
-# once per window, never per sample). Where >= 1.25 threads were busy and
-# they used some CPU (threads sleeping on I/O hold no GIL) but less than one
-# each (else they ran in parallel), it probes the GIL: holding it, it watches
-# the threads' CPU clocks for 2 ms; a thread running numpy, a decoder or any
-# code that released the GIL runs on, a thread that needs the GIL stops
-# (sleeps: one that is runnable, state R, waits for a CPU that other
-# processes hold, not for the GIL). If none ran, it lets the GIL go: one that waited for it runs at once (one
-# sleeping on I/O would not). Both: the threads wait for the GIL. The probe
-# costs the loader at most 2 ms of GIL per window, and only the first 8
-# probes come every window, then every 4th judged window (the others reuse
-# its verdict). Thread CPU clocks, not a GIL hand-over time: with two
-# threads taking turns, a hand-over comes at any moment.
+# The publisher measures windows (>= 50 ms, closed at a batch taken) through
+# the meter (_meter.pxi): per second, the threads busy inside load(key) on
+# average (`busy`), the CPUs they ran on (`cpu`), the CPUs they waited for
+# while runnable (`runq`), and the CPU the process's other threads used
+# (`others`: a library's own threads such as BLAS's, the training step).
+# judge() says from those figures whether a window is worth a probe; the
+# probe's verdict decides it. Both are fed figures by tests (window()).
 #
-# A serialized window's parallelism is the CPUs the loader threads used,
-# counted as at least one (one of them held the GIL throughout; fewer CPUs
-# means other processes took the rest); the rest of their busy time went
-# waiting for each other. In any other window the parallelism is the busy
-# threads. Limitation: a dataset[i] that sleeps on I/O about as long as it
-# runs Python also keeps two threads waiting for the GIL in turn, and shows
-# a parallelism of 1 where 2 run.
+# A window is probed where >= 2 threads were busy (>= 1.25 on average), they
+# wanted CPUs (cpu + runq >= 0.5: threads sleeping on I/O hold no GIL), ran on
+# fewer than 0.9 x busy CPUs (else they ran in parallel), and the process's
+# other threads used under half the CPU the loader threads did (else the
+# loader threads may wait on them: BLAS's callers wait for BLAS's threads,
+# which fill the CPUs). The figures alone cannot tell a GIL wait from a CPU
+# wait: a thread waiting for the GIL wakes every 5 ms to look at it, and beside
+# busy processes then waits for a CPU too (runq about 0.9 of a pure-Python
+# dataset's second thread, on 2 CPUs beside one busy process). The probe
+# (_meter.pxi) tells: holding the GIL, does no loader thread run, even once it
+# has a CPU, and once let go does one run at once? Both: they wait for the
+# GIL, the window is serialized, and its parallelism is the CPUs the threads
+# ran on, at least one (one held the GIL throughout); any other window's
+# parallelism is the busy threads. A probe that cannot tell (a thread got no
+# CPU for 10 ms) is not counted. After 8 probes only every 4th judged window
+# probes (the others reuse its verdict). Without run-queue figures (no /proc:
+# not Linux) no window is judged: no warning where the gauge cannot tell.
 #
 # The notice (a GILBoundWarning, raised on the consumer's thread by
 # _MapEpoch.before_take, once per stage): 3 probes or more, at least 3/4 of
-# all probes serialized (a CPU starved by other processes can fool one probe,
-# rarely 3/4 of them), and a parallelism over the serialized windows under
-# 0.65 x min(threads, CPUs); or a failed workers="auto" trial whose window
-# was serialized. Never where the process may use one CPU only. Called by
-# the map stage (_MapStage.measure) on the publisher thread, but the
-# notice's hand-over (take_notice); it calls nothing back.
-
-
+# all probes serialized, and a parallelism under 0.65 x min(threads, CPUs)
+# both over the serialized windows and over all windows; or a failed
+# workers="auto" trial whose window was serialized. Never where the process
+# may use one CPU only. Publisher thread, but the notice's hand-over
+# (take_notice); it calls nothing back.
 
 cdef double SERIAL_BUSY = 1.25      # threads busy on average, at least, to judge a window
+cdef double WANTED_CPU = 0.5        # ... that wanted CPUs (ran or waited for one), at least
+cdef double RAN_SHARE = 0.9         # ... that ran on fewer CPUs than this share of the busy ones
+cdef double OTHERS_SHARE = 0.5      # ... while the process's other threads used under this x their CPU
 cdef double SERIAL_FRACTION = 0.65  # warn below this share of min(threads, CPUs)
-cdef unsigned GIL_HOLD_US = 2000     # the probe holds the GIL this long at most
-cdef unsigned GIL_LET_GO_US = 10000  # then lets it go, until a loader thread ran, at most this
-cdef int64_t GIL_RAN_NS = 200 * 1000  # a thread ran (one leaving a short GIL-free step runs less)
 cdef double SURE_SHARE = 0.75       # the notice: at least this share of the probes found waiting
 cdef int PROBES_SURE = 8            # probes after which ...
 cdef int PROBE_EVERY = 4            # ... only every 4th judged window probes
 cdef int64_t GAUGE_WINDOW_NS = 50 * 1000 * 1000
-cdef bint _THREAD_CLOCKS = hasattr(time, "pthread_getcpuclockid")
-
-
-cdef double _cpu_s(clocks) except? -1.0:
-    """CPU seconds used by the threads whose CPU clocks are ``clocks`` (ids,
-    None for a thread without one); without per-thread clocks, the process's."""
-    if not _THREAD_CLOCKS:
-        return time.process_time()
-    cdef double total = 0.0
-    for clock in clocks:
-        if clock is not None:
-            try:
-                total += time.clock_gettime(clock)
-            except OSError:
-                pass   # the thread has ended (worker_init failed): its time is no longer read
-    return total
-
-
-cdef object _this_thread_clock():
-    """The calling thread's CPU clock id, or None where there is none."""
-    if not _THREAD_CLOCKS:
-        return None
-    try:
-        return time.pthread_getcpuclockid(threading.get_ident())
-    except OSError:
-        return None
-
-
-cdef bint _waiting_for_the_gil(clocks, tids) except -1:
-    """True when the loader threads (their CPU clocks: ``clocks``, their
-    kernel thread ids: ``tids``) wait for the GIL: while this thread holds
-    it, none of them runs (no clock moves GIL_RAN_NS in GIL_HOLD_US; one
-    running numpy, a decoder or any code that released the GIL would) and
-    none is runnable (a thread that waits for the GIL sleeps; a runnable one
-    waits for a CPU that other processes hold, and would run numpy there),
-    and once it is let go one of them runs within GIL_LET_GO_US (one waited
-    for it, rather than sleeping on I/O)."""
-    cdef clockid_t ids[64]
-    cdef int64_t start[64]
-    cdef int n = 0
-    cdef bint ran
-    for c in clocks:
-        if c is not None and n < 64:
-            ids[n] = <clockid_t>c
-            n += 1
-    if n == 0:
-        return False
-    _clocks_now(ids, start, n)
-    if _ran(ids, start, n, GIL_HOLD_US):    # holding the GIL (this is not a nogil block)
-        return False
-    for tid in tids:
-        if tid is not None and _runnable(<int>tid):   # still holding it: read with no Python I/O
-            return False
-    with nogil:
-        _clocks_now(ids, start, n)
-        ran = _ran(ids, start, n, GIL_LET_GO_US)
-    return ran
-
-
-cdef bint _runnable(int tid) noexcept:
-    """Whether thread ``tid`` of this process is runnable (state R in
-    /proc/self/task/<tid>/stat); False where that cannot be read. Plain C
-    calls, so the GIL is not let go meanwhile."""
-    cdef char path[64]
-    cdef char buf[256]
-    cdef ssize_t n
-    cdef int fd
-    cdef char *paren
-    snprintf(path, sizeof(path), b"/proc/self/task/%d/stat", tid)
-    fd = c_open(path, O_RDONLY)
-    if fd < 0:
-        return False
-    n = c_read(fd, buf, sizeof(buf) - 1)
-    c_close(fd)
-    if n <= 0:
-        return False
-    buf[n] = 0
-    paren = strrchr(buf, 41)    # ')': the command name before it may hold anything
-    return paren != NULL and paren[1] == 32 and paren[2] == 82   # ") R"
-
-
-cdef void _clocks_now(clockid_t *ids, int64_t *out, int n) noexcept nogil:
-    cdef int i
-    for i in range(n):
-        out[i] = _clock_ns(ids[i])
-
-
-cdef bint _ran(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexcept nogil:
-    """Whether one of the clocks moved GIL_RAN_NS past ``start`` within
-    ``within_us``; the CPU is yielded between looks (a sleep of microseconds
-    may last milliseconds)."""
-    cdef int64_t deadline = pf_now_ns() + <int64_t>within_us * 1000
-    cdef int i
-    while True:
-        for i in range(n):
-            if start[i] >= 0 and _clock_ns(ids[i]) - start[i] >= GIL_RAN_NS:
-                return True
-        if pf_now_ns() >= deadline:
-            return False
-        sched_yield()
-
-
-cdef inline int64_t _clock_ns(clockid_t clock) noexcept nogil:
-    cdef timespec ts
-    if clock_gettime(clock, &ts) != 0:
-        return -1
-    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 @cython.final
 cdef class _Gauge:
 
-    def __cinit__(self, name, remedy=None, bint noticed=False):
+    def __cinit__(self, name, remedy=None, bint noticed=False, cpus=None):
         """``remedy``: a drop-in's framework loader, named in the notice;
-        ``noticed``: the notice was given already (by a drop-in's earlier loader)."""
+        ``noticed``: the notice was given already (by a drop-in's earlier
+        loader); ``cpus``: the CPUs the process may use (None: usable_cpus())."""
         self.name = name
         self.what = "dataset[i]"
         self.remedy = remedy or ("a process-based loader (one whose workers are processes), wrapped in "
                                  "prefetch.Prefetcher to keep the same batch guarantees")
         self.noticed = noticed
+        self.cpus = usable_cpus() if cpus is None else cpus
 
     cdef void restart(self, bint mapped):
         """A new epoch (``mapped``: of prefetch.map, whose threads call a
@@ -175,85 +71,118 @@ cdef class _Gauge:
         """The batch being taken closes a window."""
         return self.t0 == 0 or now - self.t0 >= GAUGE_WINDOW_NS
 
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads) except -1:
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1:
         """Called when due(), when the tuner's window closes and when the
         thread count changed: ends the window at ``now`` (``busy_ns``: the
-        threads' total time inside load() so far, ``clocks`` their CPU clocks)
-        and starts the next one. A window of another thread count than
-        ``threads``, or under 10 ms, is dropped."""
-        cdef double wall, busy, cpu, par
-        cdef bint serialized = False
-        cdef double cpu_now = _cpu_s(clocks)
-        if threads != self.threads:
-            self.skip = 0   # the first judged window of a new count is probed
-        elif self.t0 != 0 and now - self.t0 >= GAUGE_WINDOW_NS // 5:
+        threads' total time inside load() so far, ``clocks``/``tids`` their
+        CPU clocks and kernel ids, ``at_work`` those of the threads inside
+        load() now, which a probe looks at) and starts the next one. A window of another
+        thread count than ``threads``, or under 10 ms, is dropped."""
+        cdef double wall
+        meter = _METER
+        cpu_s, runq_s, proc_s = meter.read(clocks, tids)
+        if threads == self.threads and self.t0 != 0 and now - self.t0 >= GAUGE_WINDOW_NS // 5:
             wall = (now - self.t0) / 1e9
-            busy = (busy_ns - self.busy0) / 1e9 / wall
-            cpu = (cpu_now - self.cpu0) / wall
-            par = busy
-            # Judged where two threads or more were busy. Probed only where
-            # they used some CPU (threads sleeping on I/O hold no GIL) but
-            # less than one each (else they ran in parallel).
-            if threads >= 2 and busy >= SERIAL_BUSY and 0.2 <= cpu < 0.9 * busy:
-                if self.skip:
-                    self.skip -= 1
-                    serialized = self.last_probe
-                else:
-                    serialized = self._probe(clocks, tids)
-                if serialized:
-                    par = min(busy, max(cpu, 1.0))
-            self.wall_s += wall
-            self.busy_s += busy * wall
-            self.par_s += par * wall
-            self.wait_s += (busy - par) * wall
-            self.last_serialized, self.last_threads = serialized, threads
-            self.last_busy, self.last_par = busy, par
-            if serialized:
-                self.ser_wall_s += wall
-                self.ser_busy_s += busy * wall
-                self.ser_par_s += par * wall
-                par = self.ser_par_s / self.ser_wall_s
-                # Low in the windows where a probe caught them waiting, and low
-                # over all windows so far: a decoder whose Python part makes the
-                # threads queue now and then (the image pipeline, about 1.7 at a
-                # time overall, 1.2 in the windows caught) is not GIL-bound.
-                if (self.probes_ser >= 3 and self.probes_ser >= SURE_SHARE * self.probes
-                        and not self.noticed and par < SERIAL_FRACTION * min(threads, usable_cpus())
-                        and self.par_s / self.wall_s < SERIAL_FRACTION * min(threads, usable_cpus())):
-                    self._make_notice(threads, par, 1.0 - self.ser_par_s / self.ser_busy_s, None)
+            figures = [(busy_ns - self.busy0) / 1e9 / wall, None, None, None]
+            if cpu_s is not None and self.cpu0 is not None:
+                figures[1] = (cpu_s - self.cpu0) / wall
+                figures[3] = max(0.0, (proc_s - self.proc0) / wall - figures[1])
+                if runq_s is not None and self.runq0 is not None:
+                    figures[2] = (runq_s - self.runq0) / wall
+            self._window(wall, threads, figures[0], figures[1], figures[2], figures[3], meter, at_work)
+        elif threads != self.threads:
+            self.skip = 0   # the first judged window of a new count is probed
         self.t0 = now
         self.busy0 = busy_ns
-        self.cpu0 = cpu_now
+        self.cpu0, self.runq0, self.proc0 = cpu_s, runq_s, proc_s
         self.threads = threads
         return 0
 
-    cdef bint _probe(self, clocks, tids) except -1:
-        """One probe of the GIL, counted; once PROBES_SURE were made, only every
-        PROBE_EVERY-th judged window probes (the others reuse its verdict)."""
-        self.last_probe = _waiting_for_the_gil(clocks, tids)
-        self.probes += 1
-        self.probes_ser += self.last_probe
-        if self.probes >= PROBES_SURE:
-            self.skip = PROBE_EVERY - 1
-        return self.last_probe
+    def window(self, double wall, int threads, double busy, cpu, runq, others, probe):
+        """One window's figures (per second of ``wall``; ``cpu``/``runq``/
+        ``others`` None where unknown), judged as after_batch() judges them,
+        with ``probe`` the verdict a probe would give, or a meter whose
+        probe() gives them (tests). True where the window was serialized."""
+        meter = probe if hasattr(probe, "probe") else _Verdict(probe)
+        return self._window(wall, threads, busy, cpu, runq, others, meter, ([None] * 2, [None] * 2))
+
+    cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
+                      meter, tuple at_work) except -1:
+        cdef double par = busy
+        cdef double limit
+        cdef bint serialized = False
+        cdef bint judged = judge(threads, busy, cpu, runq, others), decided = False
+        if judged:
+            if self.skip:
+                decided = True
+                self.skip -= 1
+                serialized = self.last_probe
+            else:
+                # Two threads at work at least: a probe looks at threads waiting on each other.
+                verdict = meter.probe(*at_work) if len(at_work[0]) >= 2 else None
+                if verdict is not None:   # None: it could not tell (a thread found no CPU for long)
+                    decided = True
+                    self.last_probe = verdict
+                    self.probes += 1
+                    self.probes_ser += self.last_probe
+                    if self.probes >= PROBES_SURE:
+                        self.skip = PROBE_EVERY - 1
+                    serialized = self.last_probe
+            if serialized:
+                par = min(busy, max(<double>cpu, 1.0))
+        self.wall_s += wall
+        self.busy_s += busy * wall
+        self.par_s += par * wall
+        self.wait_s += (busy - par) * wall
+        self.last_serialized, self.last_threads = serialized, threads
+        self.last_busy, self.last_par = busy, par
+        self.last_open = judged and not decided
+        self.last_cpu = cpu if judged else 0.0
+        self.at_work, self.prober = at_work, meter
+        if serialized:
+            self.ser_wall_s += wall
+            self.ser_busy_s += busy * wall
+            self.ser_par_s += par * wall
+            par = self.ser_par_s / self.ser_wall_s
+            limit = SERIAL_FRACTION * min(threads, self.cpus)
+            # Low in the windows where a probe caught them waiting, and low
+            # over all windows so far: a decoder whose Python part makes the
+            # threads queue now and then (the image pipeline, about 1.7 at a
+            # time overall, 1.2 in the windows caught) is not GIL-bound.
+            if (self.probes_ser >= 3 and self.probes_ser >= SURE_SHARE * self.probes
+                    and par < limit and self.par_s / self.wall_s < limit):
+                self._make_notice(threads, par, 1.0 - self.ser_par_s / self.ser_busy_s, None)
+        return serialized
 
     cdef bint trial_failed(self, int tried, int kept, double speedup) except -1:
         """workers="auto" tried ``tried`` threads and goes back to ``kept``: ``speedup`` is the measured rate over the
         rate before. True when the threads took turns on the GIL in that trial:
-        its last window was serialized (the notice is made). No more probes
-        are made here: the publisher is not taking batches meanwhile, so the
-        threads soon wait for room rather than for the GIL."""
-        if not (self.last_serialized and self.last_threads == tried):
+        its last window was serialized (the notice is made). Where that window
+        called for a probe that could not tell (fewer than two threads at
+        work then, or one without a CPU for long), the threads are probed now,
+        while the trial's threads still work (the batch just taken closed it):
+        else the next trial, 50 windows on, would be the first to tell."""
+        if self.last_threads != tried:
+            return False
+        if self.last_open and len(self.at_work[0]) >= 2:
+            verdict = self.prober.probe(*self.at_work)
+            if verdict is not None:
+                self.probes += 1
+                self.probes_ser += verdict
+                if verdict:
+                    self.last_serialized = True
+                    self.last_par = min(self.last_busy, max(self.last_cpu, 1.0))
+        if not self.last_serialized:
             return False
         self._make_notice(tried, self.last_par, 1.0 - self.last_par / self.last_busy, (kept, speedup))
         return True
 
+    def trial(self, int tried, int kept, double speedup):
+        """trial_failed() (tests)."""
+        return self.trial_failed(tried, kept, speedup)
+
     cdef _make_notice(self, int threads, double par, double wait_share, trial):
-        cdef int cpus
-        if self.noticed:
-            return
-        cpus = usable_cpus()
-        if cpus < 2:
+        if self.noticed or self.cpus < 2:
             return   # one CPU: threads could not run in parallel anyway, nor processes
         self.noticed = True
         if trial is None:
@@ -263,21 +192,22 @@ cdef class _Gauge:
             measured = (f"{threads} threads loaded at {speedup:.2f} x the speed of {kept}, so it "
                         f"keeps {kept}; they ran {self.what}")
         message = (
-            f"loader {self.name!r}: {measured} about {par:.1f} at a time, on a machine where this "
-            f"process may use {cpus} CPUs ({wait_share:.0%} of their time inside it went waiting "
-            f"for each other): {self.what} holds the GIL (it runs Python code), so threads take "
-            f"turns. Run it in processes instead: {self.remedy}; or move the Python work out of "
-            f"{self.what} (into numpy, or a library that releases the GIL). stats().load_parallelism "
-            f"shows the figure.")
+            f"loader {self.name!r}: {measured} about {par:.1f} at a time while waiting on each other "
+            f"({wait_share:.0%} of their time inside it went to that wait, none of it counted from "
+            f"waiting for a CPU), on a machine where this process may use {self.cpus} CPUs: "
+            f"{self.what} holds the GIL (it runs "
+            f"Python code), so threads take turns. Run it in processes instead: {self.remedy}; or "
+            f"move the Python work out of {self.what} (into numpy, or a library that releases the "
+            f"GIL). stats().load_parallelism shows the figure.")
         note = GILBoundWarning(message)
         note.parallelism = par
         note.wait_share = wait_share
         note.threads = threads
-        note.cpus = cpus
+        note.cpus = self.cpus
         note.speedup = None if trial is None else trial[1]
         self.notice = note
 
-    cdef object take_notice(self):
+    cpdef object take_notice(self):
         """The notice, once (consumer thread), or None."""
         note, self.notice = self.notice, None
         return note
@@ -286,3 +216,27 @@ cdef class _Gauge:
         """The gauge's fields of Stats."""
         return dict(load_parallelism=self.par_s / self.wall_s if self.wall_s else 0.0,
                     load_wait_share=self.wait_s / self.busy_s if self.busy_s else 0.0)
+
+
+class _Verdict:
+    """A probe that answers what a test says."""
+
+    def __init__(self, verdict):
+        self.verdict = verdict
+
+    def probe(self, clocks, tids):
+        return self.verdict
+
+
+cpdef bint judge(int threads, double busy, cpu, runq, others):
+    """Whether a window's figures (per second: ``busy`` threads inside load,
+    the ``cpu`` they ran on, the ``runq`` CPUs they waited for, the CPU the
+    process's ``others`` threads used; None: unknown) call for a probe of the
+    GIL: two threads or more busy, wanting CPUs, running on fewer than they
+    were busy, not beside other threads of this process that keep CPUs busy.
+    Unknown figures: never (the gauge cannot tell)."""
+    if cpu is None or runq is None or others is None:
+        return False
+    if threads < 2 or busy < SERIAL_BUSY or cpu + runq < WANTED_CPU:
+        return False
+    return cpu < RAN_SHARE * busy and others < OTHERS_SHARE * cpu

@@ -222,7 +222,8 @@ cdef class _MapStage(_ThreadWork):
         cdef int64_t now = pf_now_ns()
         cdef _LoaderThreads crew = self.crew
         if self.gauge.due(now) or self.tuner is not None and self.tuner.due(now):
-            self.gauge.after_batch(now, crew.load_ns + crew.busy_ns(now), crew.clocks, crew.tids, self.target)
+            self.gauge.after_batch(now, crew.load_ns + crew.busy_ns(now), crew.clocks, crew.tids, self.target,
+                                   crew.at_work())
         if self.tuner is None:
             return
         threads = self.tuner.after_batch(self.target, self.samples, self.wait_ns, self.gauge)
@@ -231,7 +232,8 @@ cdef class _MapStage(_ThreadWork):
             with self._cv:
                 self._cv.notify_all()   # parked threads' turn
             now = pf_now_ns()
-            self.gauge.after_batch(now, crew.load_ns + crew.busy_ns(now), crew.clocks, crew.tids, threads)
+            self.gauge.after_batch(now, crew.load_ns + crew.busy_ns(now), crew.clocks, crew.tids, threads,
+                                   crew.at_work())
 
     # -- the loader threads' work (_ThreadWork) ---------------------------------
 

@@ -181,6 +181,16 @@ cdef class _LoaderThreads:
                 total += now - <int64_t>since
         return total
 
+    cdef tuple at_work(self):
+        """The CPU clocks and kernel ids of the threads inside load() now (the
+        GIL probe's: an idle thread waits for work, not for the GIL)."""
+        clocks, tids = [], []
+        for w in range(self.count):
+            if self.busy_since[w]:
+                clocks.append(self.clocks[w])
+                tids.append(self.tids[w])
+        return clocks, tids
+
     cdef str describe(self):
         cdef int64_t now = pf_now_ns()
         busy = [f"thread {self.name}-w{w} inside load({self.busy_key[w]!r}) for "

@@ -14,7 +14,10 @@ class ClosedError(RuntimeError):
 class GILBoundWarning(UserWarning):
     """A loader's threads took turns inside ``dataset[i]`` (or map's function):
     it holds the GIL, so they did not run it in parallel. Given once per
-    loader, where the process may use two CPUs or more.
+    loader, where the process may use two CPUs or more; never for threads
+    that waited for CPUs (held by other processes, or by a library's own
+    threads such as BLAS's), nor where the loader cannot tell (no per-thread
+    CPU clocks or no ``/proc``: not Linux).
 
     Attributes
     ----------

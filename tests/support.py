@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -235,17 +236,26 @@ def assert_same(ours, theirs, path="batch"):
         assert ours == theirs, path
 
 
-class PurePython:
-    """A GIL-bound dataset (issue 25 item 2): dataset[i] runs Python for about a millisecond, holding the GIL throughout."""
+class ScriptedMeter:
+    """In place of prefetch._core._METER (the GIL gauge's meter): the loader
+    threads' figures grow at the rates ``figures`` gives ((busy, cpu, runq,
+    others) per second of the monotonic clock; busy is the Loader's own
+    measure), and a probe answers ``probe``."""
 
-    def __len__(self):
-        return 160
+    def __init__(self, figures, probe=True, runq_known=True):
+        _busy, self.cpu, self.runq, self.others = figures
+        self.verdict, self.runq_known = probe, runq_known
+        self.t0 = time.monotonic()
+        self.probes = 0
 
-    def __getitem__(self, i):
-        h = i
-        for k in range(30_000):
-            h = (h * 31 + k) & 0xFFFF
-        return np.full(2, i), h
+    def read(self, clocks, tids):
+        t = time.monotonic() - self.t0
+        return self.cpu * t, (self.runq * t if self.runq_known else None), (self.cpu + self.others) * t
+
+    def probe(self, clocks, tids):
+        assert threading.current_thread() is not threading.main_thread()   # the publisher probes
+        self.probes += 1
+        return self.verdict
 
 
 def readme_examples(framework=None):

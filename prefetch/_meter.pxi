@@ -1,0 +1,209 @@
+# _meter.pxi (included by _core.pyx): what the gauge (_gauge.pxi) reads of the
+# loader threads, and nothing it decides.
+#
+# Per window: the loader threads' CPU time (each thread's own CPU clock), their
+# run-queue delay (Linux /proc/self/task/<tid>/schedstat, 2nd field: time
+# runnable but not running, i.e. waiting for a CPU), and the whole process's CPU
+# time. Read once per window on the publisher thread, never per sample. The
+# probe of the GIL is here too. Where a figure cannot be read (no per-thread
+# clocks, no /proc) it is None, and the gauge judges no window.
+# `_METER` is a module-level Python name so that a test may put a scripted
+# meter in its place (tests/core/test_loader_gil.py).
+
+cdef bint _THREAD_CLOCKS = hasattr(time, "pthread_getcpuclockid")
+cdef unsigned GIL_HOLD_US = 2000     # the probe holds the GIL this long, and on while a loader
+cdef unsigned GIL_HOLD_MAX_US = 10000  # thread is runnable, up to this
+cdef unsigned GIL_LET_GO_US = 10000  # then lets it go, until a loader thread ran, at most this
+cdef int64_t GIL_RAN_NS = 200 * 1000  # a thread ran (one leaving a short GIL-free step runs less)
+
+
+cdef object _this_thread_clock():
+    """The calling thread's CPU clock id, or None where there is none."""
+    if not _THREAD_CLOCKS:
+        return None
+    try:
+        return time.pthread_getcpuclockid(threading.get_ident())
+    except OSError:
+        return None
+
+
+class _Meter:
+    """Reads the loader threads' figures; a test's scripted meter has the same two methods."""
+
+    def read(self, clocks, tids):
+        """(cpu_s, runq_s, process_s) so far: the loader threads' CPU seconds
+        (None without per-thread clocks), their seconds runnable but waiting
+        for a CPU (None where /proc cannot tell), the process's CPU seconds.
+        A thread that ended counts no more (its figures are no longer read)."""
+        return _threads_cpu_s(clocks), _threads_runq_s(tids), time.process_time()
+
+    def probe(self, clocks, tids):
+        """True when the loader threads wait for the GIL, False when they do
+        not, None when it cannot tell (see _waiting_for_the_gil). Found
+        waiting, they are looked at once more, right after one of them took
+        the GIL and this thread took it back: threads of a dataset that holds
+        the GIL queue for it again, while threads that queued by chance (the
+        holder of the GIL kept off a CPU by busy processes while the others
+        left their GIL-free work) have gone back to that work."""
+        cdef int verdict = _waiting_for_the_gil(clocks, tids)
+        if verdict == 1:
+            verdict = _waiting_for_the_gil(clocks, tids)
+        return None if verdict < 0 else verdict == 1
+
+
+_METER = _Meter()
+
+
+cdef object _threads_cpu_s(clocks):
+    cdef double total = 0.0
+    if not _THREAD_CLOCKS:
+        return None
+    for clock in clocks:
+        if clock is not None:
+            try:
+                total += time.clock_gettime(clock)
+            except OSError:
+                pass   # the thread has ended (worker_init failed)
+    return total
+
+
+cdef object _threads_runq_s(tids):
+    cdef int64_t total = 0, one
+    for tid in tids:
+        if tid is not None:
+            one = _runq_ns(<int>tid)
+            if one == -2:
+                return None   # no schedstat here: the gauge cannot tell CPU waits from GIL waits
+            if one >= 0:
+                total += one
+    return total / 1e9
+
+
+cdef int64_t _runq_ns(int tid) noexcept:
+    """Thread ``tid``'s run-queue delay so far (ns: time runnable, waiting for
+    a CPU; the 2nd field of /proc/self/task/<tid>/schedstat, which the kernel
+    adds to when the thread next runs); -1 where the thread has ended, -2
+    where this system has no such file."""
+    cdef char path[64]
+    cdef char buf[128]
+    cdef ssize_t n
+    cdef int fd
+    cdef char *end
+    cdef char *p
+    cdef long long wait
+    snprintf(path, sizeof(path), b"/proc/self/task/%d/schedstat", tid)
+    fd = c_open(path, O_RDONLY)
+    if fd < 0:
+        return -1 if c_access(b"/proc/self/schedstat", 0) == 0 else -2
+    n = c_read(fd, buf, sizeof(buf) - 1)
+    c_close(fd)
+    if n <= 0:
+        return -2
+    buf[n] = 0
+    strtoll(buf, &end, 10)   # 1st field: time on a CPU
+    if end == buf:
+        return -2
+    p = end
+    wait = strtoll(p, &end, 10)
+    return -2 if end == p else wait
+
+
+cdef int _waiting_for_the_gil(clocks, tids) except -2:
+    """True when the loader threads (their CPU clocks: ``clocks``, their
+    kernel thread ids: ``tids``) wait for the GIL. While this thread holds it
+    for GIL_HOLD_US, and on while one of them is runnable (up to
+    GIL_HOLD_MAX_US), none of them runs (no clock moves GIL_RAN_NS: one running
+    numpy, a decoder or any code that released the GIL would, as soon as it has
+    a CPU; one waiting for the GIL runs for microseconds when it wakes to look,
+    and sleeps again); and once it is let go one of them runs within
+    GIL_LET_GO_US (one waited for it, rather than sleeping on I/O): 1, else
+    0; -1 (it cannot tell) where a thread is still runnable at
+    GIL_HOLD_MAX_US (no CPU for it so long)."""
+    cdef clockid_t ids[64]
+    cdef int64_t start[64]
+    cdef int tidv[64]
+    cdef int n = 0, k = 0, i
+    cdef int64_t until
+    cdef bint ran, runnable
+    for c in clocks:
+        if c is not None and n < 64:
+            ids[n] = <clockid_t>c
+            n += 1
+    for tid in tids:
+        if tid is not None and k < 64:
+            tidv[k] = <int>tid
+            k += 1
+    if n == 0:
+        return -1
+    _clocks_now(ids, start, n)
+    if _ran(ids, start, n, GIL_HOLD_US):    # holding the GIL (this is not a nogil block)
+        return 0
+    until = pf_now_ns() + <int64_t>(GIL_HOLD_MAX_US - GIL_HOLD_US) * 1000
+    while True:   # still holding it: plain C reads, the GIL is kept
+        runnable = False
+        for i in range(k):
+            runnable = runnable or _runnable(tidv[i])
+        if not runnable:
+            break
+        if _ran(ids, start, n, 500):
+            return 0
+        if pf_now_ns() >= until:
+            return -1
+    with nogil:
+        _clocks_now(ids, start, n)
+        ran = _ran(ids, start, n, GIL_LET_GO_US)
+    return 1 if ran else 0
+
+
+cdef bint _runnable(int tid) noexcept:
+    """Whether thread ``tid`` of this process is runnable (state R in
+    /proc/self/task/<tid>/stat: running, or waiting for a CPU); False where
+    that cannot be read."""
+    cdef char path[64]
+    cdef char buf[256]
+    cdef ssize_t n
+    cdef int fd
+    cdef char *paren
+    snprintf(path, sizeof(path), b"/proc/self/task/%d/stat", tid)
+    fd = c_open(path, O_RDONLY)
+    if fd < 0:
+        return False
+    n = c_read(fd, buf, sizeof(buf) - 1)
+    c_close(fd)
+    if n <= 0:
+        return False
+    buf[n] = 0
+    paren = strrchr(buf, 41)    # ')': the command name before it may hold anything
+    return paren != NULL and paren[1] == 32 and paren[2] == 82   # ") R"
+
+
+cdef void _clocks_now(clockid_t *ids, int64_t *out, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        out[i] = _clock_ns(ids[i])
+
+
+cdef bint _ran(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexcept nogil:
+    """Whether one of the clocks moved GIL_RAN_NS past ``start`` within
+    ``within_us``, sleeping 50 us between looks: the CPU goes to whoever
+    wants it meanwhile (a loader thread woken by the GIL's 5 ms time-out,
+    otherwise left waiting for a CPU beside busy processes)."""
+    cdef int64_t deadline = pf_now_ns() + <int64_t>within_us * 1000
+    cdef timespec pause
+    cdef int i
+    pause.tv_sec = 0
+    pause.tv_nsec = 50 * 1000
+    while True:
+        for i in range(n):
+            if start[i] >= 0 and _clock_ns(ids[i]) - start[i] >= GIL_RAN_NS:
+                return True
+        if pf_now_ns() >= deadline:
+            return False
+        nanosleep(&pause, NULL)
+
+
+cdef inline int64_t _clock_ns(clockid_t clock) noexcept nogil:
+    cdef timespec ts
+    if clock_gettime(clock, &ts) != 0:
+        return -1
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
