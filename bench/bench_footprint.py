@@ -88,7 +88,7 @@ SAMPLE_S = 0.05
 
 
 def add_arguments(g):
-    g.add_argument("--footprint-records", type=int, help="records in the dataset (default 1000000; quick 200000)")
+    g.add_argument("--footprint-records", type=int, help="records in the dataset (default 1000000; quick 100000)")
     g.add_argument("--footprint-epochs", type=int, help="epochs per row: one whole, then the "
                    "first batch of each further one (default 3; quick 2)")
 
