@@ -176,9 +176,6 @@ class Periodic(IterableDataset):
         self.state, self.step, self.limit = {0: 0, 1: 0, 2: 0, 3: 0}, 0, 100
 
     def __iter__(self):
-        # Its own dict, as each worker process's copy has (a drop-in's
-        # replicas are shallow copies: the objects they refer to are shared).
-        self.state = dict(self.state)
         for _ in range(self.step, self.limit):
             self.step += 1
             k = self.step % len(self.state)
