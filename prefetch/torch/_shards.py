@@ -10,8 +10,16 @@ hands batches on as they complete; ``_InTurn`` gives them in torch's order:
 with ``in_order``, one of each worker still running in turn (a worker's batch
 j after batch j of the workers before it), else as they come.
 
+Resuming: after each batch, its worker's thread copies its dataset's and
+iterator's own states (where they have ``state_dict()``) and they travel with
+the batch; as the consumer takes it, that worker's part of the state becomes
+theirs (``_ShardEpoch.parts``), so ``state_dict()`` is each worker as of its
+last batch delivered, whatever was loaded ahead. A resumed worker starts its
+iterator from its part (``_Shard._start``).
+
 Threading contract: ``_Shard.fetch`` and ``_ShardEpoch.run`` run on loader
-threads (thread w on shard w only); everything else on the consumer's thread.
+threads (thread w on shard w only); ``ShardMap.state_dict`` on any thread
+(it reads parts replaced whole); everything else on the consumer's thread.
 """
 from __future__ import annotations
 
