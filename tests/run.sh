@@ -13,8 +13,9 @@
 #           need MXNet (test_bad_input.py's device checks).
 #   torch   Python 3.11, numpy 2 + torch 2.13.0 (CPU): tests/pytorch, and the tests of tests/core
 #           that need torch.
-#   --matrix (CI): tests/core also in the mxnet (numpy 1.23.5) and torch environments, and on
-#           CPython 3.10, 3.12 and 3.13 (core-3.X), wherever found.
+#   --matrix (CI): tests/core also in the mxnet environment (numpy 1.23.5), and on CPython 3.10,
+#           3.12 and 3.13 (core-3.X), wherever found. (The torch environment's numpy 2 is the core
+#           environment's: there it runs only the core tests that need torch.)
 #   --no-pythons   with --matrix: leaves the other CPythons out, for a second tests/run.sh
 #   --pythons      that runs only them (.ci/run runs the two side by side: under CI each takes
 #                  its own lock, as they share no venv and the sdist is fixed for the run).
@@ -83,7 +84,6 @@ mx_venv="$PF_VENV"
 if [[ $matrix == 1 ]]; then core_mx=(tests/core); fi
 pf_env torch "$py311" test,torch
 torch_venv="$PF_VENV"
-if [[ $matrix == 1 ]]; then core_torch=(tests/core); fi
 
 suite_core() {
     pytest_in "$core_venv" tests/core tests/csrc tests/mx/test_mx_optional.py -m "not stress" -rs "$@"

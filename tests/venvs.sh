@@ -135,7 +135,12 @@ pf_wheel() {  # $1 = venv: prints the wheel for its interpreter, built from $PF_
     if ! ls "$dir"/*.whl >/dev/null 2>&1; then
         echo "=== [wheel] $tag from $(basename "$PF_SDIST")" >&2
         # Build isolation, as `pip install <sdist>` does: Cython 3 and numpy 2 from pyproject.toml.
-        "$venv/bin/python" -m pip wheel -q --no-deps "$PF_SDIST" -w "$dir" >&2
+        # Built aside, then moved in whole: two CI lanes may need the same wheel at once.
+        rm -rf "$dir.new.$$"
+        "$venv/bin/python" -m pip wheel -q --no-deps "$PF_SDIST" -w "$dir.new.$$" >&2
+        mkdir -p "$dir"
+        mv "$dir.new.$$"/*.whl "$dir"/
+        rm -rf "$dir.new.$$"
     fi
     ls "$dir"/*.whl
 }
