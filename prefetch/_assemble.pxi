@@ -227,17 +227,3 @@ cdef object _stop_as_error(object exc, str doing):
     err.__cause__ = exc
     return err
 
-
-cdef list _flat_leaves(object sample):
-    """The items of a tuple or list sample when each is an array, a number, a
-    str or None (leaves the walk would pass or stack as they are); else None."""
-    cdef type t = type(sample)
-    if t is not tuple and t is not list:
-        return None
-    for x in sample:
-        t = type(x)
-        if not (t is cnp.ndarray or t is int or t is float or t is str or t is bool or x is None):
-            return None
-    return list(sample)
-
-

@@ -14,7 +14,12 @@
 # Loader threads only: a batch's columns are made under the assembly's lock,
 # and each row is written by one thread.
 
+from cpython.float cimport PyFloat_AS_DOUBLE
 from libc.string cimport memcpy
+
+
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object obj, int *overflow) except? -1
 
 cdef enum ColKind:
     C_ARRAY        # numpy rows in one pooled block (a framework array through its as_numpy)
@@ -75,6 +80,7 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
                 dims[0] = n
                 col.out = _pooled_array(pool.p, <cnp.PyArray_Descr *><void *>dtype, 1, dims,
                                          n * (<cnp.dtype>dtype).itemsize)
+                col.data = <char *>cnp.PyArray_DATA(<cnp.ndarray>col.out)
             else:
                 _kind_of(col.leaf_type)   # imports the type's adapter, which registers its collate
                 handler = _collate_of(col.leaf_type)
@@ -122,6 +128,8 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes, Py_ssize
     cdef size_t copied = 0, nbytes
     cdef char *dst
     cdef const char *src
+    cdef long long v
+    cdef int overflow
     for j in range(len(cols)):
         col = <_Column>cols[j]
         leaf = leaves[j]
@@ -136,7 +144,21 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes, Py_ssize
             (<list>col.out)[r] = leaf
             continue
         if col.kind == C_NUMBER:
-            col.out[r] = leaf   # same type as the first sample's, so the same dtype
+            # Same type as the first sample's, so the same dtype: the builtin
+            # numbers are written in place (numpy's item assignment costs
+            # more than the rest of a small sample's collate).
+            if col.leaf_type is int:
+                v = PyLong_AsLongLongAndOverflow(leaf, &overflow)
+                if not overflow:
+                    (<int64_t *>col.data)[r] = v
+                    continue
+            elif col.leaf_type is float:
+                (<double *>col.data)[r] = PyFloat_AS_DOUBLE(leaf)
+                continue
+            elif col.leaf_type is bool:
+                (<cnp.npy_bool *>col.data)[r] = leaf is True
+                continue
+            col.out[r] = leaf   # numpy's own conversion (and its OverflowError)
             continue
         arr = leaf if col.as_numpy is None else col.as_numpy(leaf)
         if type(arr) is not cnp.ndarray:
@@ -214,6 +236,64 @@ cdef inline bint _node_differs(object na, object nb, bint any_key_order) except 
 
 cdef bint _same_keys(list a, list b):
     return len(a) == len(b) and set(a) == set(b)
+
+
+# Past this depth a sample is matched by the iterative walk (_flatten): the
+# match below recurses.
+MATCH_MAX_DEPTH = 64
+
+
+cdef Py_ssize_t _match(list ref, Py_ssize_t i, object obj, list leaves, int depth) except -2:
+    """When ``obj`` is laid out as the subtree of the batch's nodes ``ref`` at
+    node ``i`` (the nodes _flatten would give it, a dict's keys in the same
+    order), appends its leaves to ``leaves`` and returns the node just past
+    that subtree; else -1 (the caller flattens the sample and compares). The
+    common sample (a tuple, list or dict of arrays, numbers and strings)
+    is matched without building its nodes; other containers are left to
+    _flatten. Bounded by ``ref``, so a cycle in ``obj`` cannot loop."""
+    cdef Py_ssize_t n, p
+    cdef int kind
+    cdef list keys
+    node = ref[i]
+    t = type(obj)
+    if node is None:
+        if not (t is cnp.ndarray or (_scalars_are_leaves and (
+                t is int or t is float or t is str or t is bool or obj is None or t is bytes))):
+            if t is tuple or t is list or t is dict or (<tuple>_kind_of(t))[0] > K_LEAF:
+                return -1
+        leaves.append(obj)
+        return i + 1
+    kind = (<tuple>node)[0]
+    n = (<tuple>node)[2]
+    if depth >= MATCH_MAX_DEPTH:
+        return -1
+    i += 1
+    if kind == K_TUPLE or kind == K_LIST:
+        if t is not (tuple if kind == K_TUPLE else list) or len(obj) != n:
+            return -1
+        p = 0
+        for x in (<tuple>obj if kind == K_TUPLE else <list>obj):
+            if p == n:
+                return -1
+            p += 1
+            i = _match(ref, i, x, leaves, depth + 1)
+            if i < 0:
+                return -1
+        return i if p == n else -1
+    if kind == K_DICT:
+        if t is not dict or len(<dict>obj) != n:
+            return -1
+        keys = <list>(<tuple>node)[1]
+        p = 0
+        for key, x in (<dict>obj).items():
+            if p >= n or (key is not keys[p] and key != keys[p]):
+                return -1
+            p += 1
+            i = _match(ref, i, x, leaves, depth + 1)
+            if i < 0:
+                return -1
+        return i if p == n else -1
+    return -1
 
 
 cdef Py_ssize_t _tree_differs(list a, list b):

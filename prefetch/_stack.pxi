@@ -38,19 +38,23 @@ cdef class _StackAssembly(_Assembly):
         known; else -1). A sample that differs from row 0 raises ValueError
         naming it, or fails the batch (_settle)."""
         cdef _StackBatch b = <_StackBatch>batch
-        cdef list leaves
+        cdef list leaves = []
         cdef Py_ssize_t bad = BAD_NONE
-        cdef bint first = False, flat = False
+        cdef bint first = False
         cdef int64_t layout_bytes = -1
-        leaves = _flat_leaves(sample)
-        flat = leaves is not None
-        if flat:
-            # The common sample, (image, label): its structure without a walk.
-            nodes = [(K_TUPLE if type(sample) is tuple else K_LIST, None, len(leaves))]
-            nodes.extend([None] * len(leaves))
-        else:
+        ref = b.nodes     # one snapshot of the layout with its columns (see below)
+        cols = b.cols
+        if cols is not None and (b.layout_row == 0 or b.row0 == R0_AGREES):
+            # The common case: the layout is row 0's, and a sample laid out
+            # the same is matched against it, leaf by leaf, with no walk.
+            if _match(ref, 0, sample, leaves, 0) == len(ref):
+                self.bytes_collated += _fill_row(cols, leaves, row, ref, &bad)
+                if bad != BAD_NONE:
+                    raise ValueError(_leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
+                                                   _leaf_desc(leaves[bad])))
+                return layout_bytes
             leaves = []
-            nodes = _flatten(sample, _AS_IS, leaves)
+        nodes = _flatten(sample, _AS_IS, leaves)
         if b.cols is None:
             with self._lock:
                 if b.cols is None:
@@ -66,9 +70,7 @@ cdef class _StackAssembly(_Assembly):
         cols = b.cols
         mine = leaves
         idx = None
-        if not first and not (flat and len(ref) == len(nodes) and ref[0] == nodes[0]):
-            # (A flat sample has the batch's structure when the root and the
-            # count agree: each child of the root is then a leaf.)
+        if not first:
             if _tree_differs(ref, nodes) >= 0:
                 idx = _align(ref, nodes)   # a dict's key order is not its structure
                 if type(idx) is str:

@@ -88,9 +88,17 @@ cdef object _collate_of(type t):
     return None
 
 
+# The builtin scalars are leaves (the collate's match skips _kind_of for
+# them) unless a container is registered for one of them or a base of theirs.
+cdef bint _scalars_are_leaves = True
+
+
 def _register_container(cls, handler):
+    global _scalars_are_leaves
     _container_types[cls] = handler
     _kinds.clear()
+    if any(issubclass(s, cls) for s in (int, float, str, bool, type(None), bytes)):
+        _scalars_are_leaves = False
 
 
 def _set_discover(fn):
