@@ -4,6 +4,7 @@ import faulthandler
 import gc
 import os
 import random
+import signal
 import sys
 import threading
 
@@ -12,6 +13,14 @@ import pytest
 from support import Rand
 
 faulthandler.enable()
+
+# The Ctrl-C tests (SPEC §4) need Python's own SIGINT handler, here and in the
+# processes they start. A shell starts a background job (`bash tests/run.sh &`,
+# nohup, a CI step) with SIGINT ignored, and Python then leaves it ignored:
+# interrupt_main() does nothing and a real SIGINT never arrives, so those tests
+# hung until their timeout. A child started from here inherits the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

@@ -364,12 +364,21 @@ def _leaf_collection(obj: Any) -> bool:
 
 
 _NODES = (list, tuple, dict, np.ndarray)
+# Objects that are their own conversion: a column of them (the Loader's list of
+# the samples' strings, say) is checked by type alone, not by the ABC checks
+# below, which cost about a microsecond a sample.
+_PLAIN = frozenset({str, bytes, type(None), int, float, bool, complex})
+
+
+def _plain_column(batch: list) -> bool:
+    return all(type(v) in _PLAIN for v in batch)
 
 
 def _item(child: Any) -> Any:
     """A child of a sequence node: a column of objects (no node, no array
     among them: strings...) as the tuple torch gives; anything else converted."""
-    if type(child) is list and child and not any(isinstance(v, _NODES) or _leaf_collection(v) for v in child):
+    if type(child) is list and child and (
+            _plain_column(child) or not any(isinstance(v, _NODES) or _leaf_collection(v) for v in child)):
         return tuple(child)
     return _as_torch(child)
 
@@ -395,6 +404,8 @@ def _as_torch(batch: Any) -> Any:
         return torch.from_numpy(batch)
     if t is dict:
         return {k: _as_torch(v) for k, v in batch.items()}
+    if t is list and _plain_column(batch):
+        return batch   # a fresh column of the Loader's batch: nothing in it to convert
     if t is list and batch and all(_leaf_collection(v) for v in batch):
         # A leaf collection is one to the Loader: only a column holds those.
         return default_collate(batch)
