@@ -8,7 +8,9 @@ and rebuild it) or a device type (how to deliver leaves to it).
 
 Adapters are found without the core naming them: each declares an entry point
 in the group ``prefetch.adapters`` whose name is the top-level module of the
-framework's types and whose value is the adapter module. The first time a batch holds an
+framework's types and whose value is the adapter module (an adapter folder of
+this package also names its framework in a ``FRAMEWORK = "..."`` line, read
+where the installed metadata is missing). The first time a batch holds an
 unregistered object from such a module, or ``device=`` is such an object, the
 adapter module is imported, and importing it registers its types.
 
@@ -19,8 +21,10 @@ thread with the GIL held; ``open`` and a thread state's ``capture`` run in the
 """
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
+import pathlib
 import sys
 import threading
 from typing import Any, Callable, Optional, Protocol, Sequence
@@ -198,8 +202,34 @@ def installed() -> dict[str, str]:
 def _declared() -> dict[str, importlib.metadata.EntryPoint]:
     global _entry_points
     if _entry_points is None:
-        _entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        found = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        for name, ep in _bundled().items():
+            found.setdefault(name, ep)
+        _entry_points = found
     return _entry_points
+
+
+def _bundled() -> dict[str, importlib.metadata.EntryPoint]:
+    """The adapter folders of this package (``prefetch/<name>/``), by the
+    ``FRAMEWORK = "..."`` line of their ``__init__.py``, read without importing
+    them. Installed, the package's entry points declare the same; without its
+    metadata (a source tree, a vendored copy) a framework's arrays would
+    otherwise pass through uncopied."""
+    found = {}
+    package = pathlib.Path(__file__).parent
+    for init in sorted(package.glob("*/__init__.py")):
+        try:
+            tree = ast.parse(init.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "FRAMEWORK"
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                name = node.value.value
+                found[name] = importlib.metadata.EntryPoint(name, f"{__package__}.{init.parent.name}",
+                                                            ENTRY_POINT_GROUP)
+    return found
 
 
 def _import_adapter_for(t: type) -> bool:

@@ -15,3 +15,9 @@ from prefetch.mx._iter import PrefetchingIter
 from prefetch.mx._patch import patch, unpatch
 
 __all__ = ["ClosedError", "DataLoader", "PrefetchingIter", "patch", "unpatch"]
+
+
+# The framework module whose objects this adapter handles: the core reads this line
+# without importing the package where no installed entry point declares it (a
+# source tree or a vendored copy of prefetch).
+FRAMEWORK = "mxnet"

@@ -16,3 +16,9 @@ from prefetch.torch._tensor import copy_tensor
 
 __all__ = ["CpuDelivery", "CudaDelivery", "DataLoader", "StatefulDataLoader", "copy_tensor", "get_worker_info", "patch",
            "unpatch"]
+
+
+# The framework module whose objects this adapter handles: the core reads this line
+# without importing the package where no installed entry point declares it (a
+# source tree or a vendored copy of prefetch).
+FRAMEWORK = "torch"

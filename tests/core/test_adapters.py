@@ -164,6 +164,18 @@ def test_installed_adapters_are_declared_as_entry_points():
     assert declared.get("mxnet") == "prefetch.mx"
 
 
+def test_each_adapter_folder_names_the_framework_its_entry_point_declares():
+    """The FRAMEWORK line of each adapter folder (read where the installed
+    metadata is missing) agrees with the package's entry points, and every
+    adapter folder has one."""
+    bundled = {name: ep.value for name, ep in adapters._bundled().items()}
+    installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=adapters.ENTRY_POINT_GROUP)}
+    assert bundled == {"mxnet": "prefetch.mx", "torch": "prefetch.torch"}
+    assert {k: v for k, v in installed.items() if v.startswith("prefetch.")} == bundled
+    folders = {p.parent.name for p in (ROOT / "prefetch").glob("*/__init__.py")}
+    assert {v.split(".")[1] for v in bundled.values()} == folders
+
+
 def test_core_names_no_framework():
     """The core (the package minus its adapter folders) names no framework."""
     core = [p for p in (ROOT / "prefetch").iterdir()

@@ -343,6 +343,27 @@ def test_tensor_leaf_imports_prefetch_torch_on_demand():
     assert out == "False\nTrue True\n"
 
 
+def test_without_installed_metadata_the_bundled_adapter_is_found():
+    """§3 rule 1: prefetch run from a source tree or a vendored copy has no
+    entry points; a tensor leaf was then passed through as the source's own
+    object (found on an H100 machine running the checkout by PYTHONPATH), and
+    device=torch.device(...) was refused. The adapter folder's FRAMEWORK line
+    declares it there."""
+    out = python_output(
+        "import importlib.metadata as m\n"
+        "real = m.entry_points\n"
+        "m.entry_points = lambda **kw: [] if kw.get('group') == 'prefetch.adapters' else real(**kw)\n"
+        "import torch, prefetch\n"
+        "buf = torch.zeros(3)\n"
+        "with prefetch.Prefetcher([buf]) as p:\n"
+        "    out = next(p)\n"
+        "buf.fill_(7)\n"
+        "with prefetch.Prefetcher([buf], device=torch.device('cpu')) as p:\n"
+        "    on = next(p)\n"
+        "print(out is buf, out.tolist(), on.tolist(), sorted(prefetch.adapters.installed().items()))\n")
+    assert out == "False [0.0, 0.0, 0.0] [7.0, 7.0, 7.0] [('mxnet', 'prefetch.mx'), ('torch', 'prefetch.torch')]\n"
+
+
 def test_first_leaf_a_user_subclass_loads_the_adapter_and_is_copied():
     """§3 rule 1 (issue 18 item 9): a tensor subclass defined in the user's module,
     the first torch object a process batches, is found through its torch base:
