@@ -240,7 +240,7 @@ cdef bint _same_keys(list a, list b):
 
 # Past this depth a sample is matched by the iterative walk (_flatten): the
 # match below recurses.
-MATCH_MAX_DEPTH = 64
+cdef int MATCH_MAX_DEPTH = 64
 
 
 cdef Py_ssize_t _match(list ref, Py_ssize_t i, object obj, list leaves, int depth) except -2:
