@@ -458,6 +458,9 @@ cdef class _LoaderThreads:
     cdef readonly int count        # thread numbers in use (started, or gone and replaced later)
     cdef int64_t load_ns           # time inside load(key), summed over threads (each adds its own)
     cdef list busy_since           # per thread: pf_now_ns() when its load began, 0 when idle
+    cdef list woken_at             # per thread: waiting for work (WAITING), woken from that wait
+                                   # at pf_now_ns() and not yet running again (> 0), or neither (0)
+    cdef int64_t ready_ns          # time from woken to running again, summed over threads
     cdef list busy_key             # per thread: the key it loads
     cdef list clocks               # per thread: its CPU clock id (None: none), for the gauge
     cdef list tids                 # per thread: its kernel thread id (None: not started), for the gauge
@@ -465,7 +468,10 @@ cdef class _LoaderThreads:
     cdef void ensure(self, int n, _ThreadWork work) except *
     cdef void gone(self, int wid)
     cdef void busy(self, int wid, key, int64_t since)
-    cdef int64_t busy_ns(self, int64_t now)
+    cdef void waits(self, int wid)
+    cdef void woken(self, int64_t now)
+    cdef int64_t runs(self, int wid, int64_t now)
+    cdef int64_t at_work_ns(self, int64_t now)
     cdef tuple at_work(self)
     cdef str describe(self)
     cdef void close(self, double grace) except *
@@ -496,7 +502,8 @@ cdef class _MapStage(_ThreadWork):
     cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); KEYS_ANY, KEYS_UNCHECKED: any key
     # counters (GIL held)
     cdef int64_t wait_ns           # the publisher's wait for batches, for the tuner
-    cdef int64_t idle_ns           # threads waiting for room in the window or a new epoch
+    cdef int64_t idle_ns           # threads waiting for room in the window or a new epoch (not
+                                   # for the GIL once woken: that is the gauge's)
     cdef uint64_t samples
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows)
@@ -504,6 +511,7 @@ cdef class _MapStage(_ThreadWork):
     cdef void measure(self) except *
     cdef _open_batch(self)
     cdef _sized(self, _Batch b, uint64_t nbytes)
+    cdef void _notify(self)
 
 
 @cython.final

@@ -3,8 +3,8 @@
 # CPUs (taken by other processes, or by this process's other threads: they would not)?
 #
 # The publisher measures windows (>= 50 ms, closed at a batch taken) through
-# the meter (_meter.pxi): per second, the threads busy inside load(key) on
-# average (`busy`), the CPUs they ran on (`cpu`), the CPUs they waited for
+# the meter (_meter.pxi): per second, the threads at work on average (`busy`:
+# inside load(key), or woken for it and waiting to run, _threads.pxi), the CPUs they ran on (`cpu`), the CPUs they waited for
 # while runnable (`runq`), and the CPU the process's other threads used
 # (`others`: a library's own threads such as BLAS's, the training step).
 # judge() says from those figures whether a window is worth a probe; the
@@ -20,8 +20,8 @@
 # busy processes then waits for a CPU too (runq about 0.9 of a pure-Python
 # dataset's second thread, on 2 CPUs beside one busy process). The probe
 # (_meter.pxi) tells: holding the GIL, does no loader thread run, even once it
-# has a CPU, and once let go does one run at once? Both: they wait for the
-# GIL, the window is serialized, and its parallelism is the CPUs the threads
+# has a CPU; once let go does one run at once, and then do they run one at a
+# time? All three: they wait for the GIL, the window is serialized, and its parallelism is the CPUs the threads
 # ran on, at least one (one held the GIL throughout); any other window's
 # parallelism is the busy threads. A probe that cannot tell (a thread got no
 # CPU for 10 ms) is not counted. After 8 probes only every 4th judged window
@@ -74,10 +74,10 @@ cdef class _Gauge:
     cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1:
         """Called when due(), when the tuner's window closes and when the
         thread count changed: ends the window at ``now`` (``busy_ns``: the
-        threads' total time inside load() so far, ``clocks``/``tids`` their
-        CPU clocks and kernel ids, ``at_work`` those of the threads inside
-        load() now, which a probe looks at) and starts the next one. A window of another
-        thread count than ``threads``, or under 10 ms, is dropped."""
+        threads' total time at work so far, ``clocks``/``tids`` their
+        CPU clocks and kernel ids, ``at_work`` those of the threads at work
+        now, which a probe looks at) and starts the next one. A window of
+        another thread count than ``threads``, or under 10 ms, is dropped."""
         cdef double wall
         meter = _METER
         cpu_s, runq_s, proc_s = meter.read(clocks, tids)
@@ -193,7 +193,7 @@ cdef class _Gauge:
                         f"keeps {kept}; they ran {self.what}")
         message = (
             f"loader {self.name!r}: {measured} about {par:.1f} at a time while waiting on each other "
-            f"({wait_share:.0%} of their time inside it went to that wait, none of it counted from "
+            f"({wait_share:.0%} of their time at work went to that wait, none of it counted from "
             f"waiting for a CPU), on a machine where this process may use {self.cpus} CPUs: "
             f"{self.what} holds the GIL (it runs "
             f"Python code), so threads take turns. Run it in processes instead: {self.remedy}; or "

@@ -153,14 +153,14 @@ cdef class _MapStage(_ThreadWork):
             if self.closed:   # by a signal handler inside Thread.start(), or another thread
                 raise ClosedError(f"loader {self.name!r} was closed while its epoch started")
             self.epochs.set_keys(e, batches, following)
-            self._cv.notify_all()
+            self._notify()
         return _MapEpoch(self, e)
 
     def drop_following(self):
         """What opened early of an epoch not coming next (set_epoch, load_state_dict) is dropped."""
         with self._cv:
             self.epochs.drop_after()
-            self._cv.notify_all()
+            self._notify()
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows):
         """``threads`` threads claim work (more may be parked: workers="auto");
@@ -178,14 +178,14 @@ cdef class _MapStage(_ThreadWork):
         """Epoch ``e`` ends early (its core closes): its work is dropped, not the next epoch's."""
         with self._cv:
             self.epochs.abandon(e)
-            self._cv.notify_all()
+            self._notify()
 
     def close(self, double grace=CLOSE_GRACE_S):
         """Stops and joins every thread (at most ``grace`` s in all); idempotent."""
         with self._cv:
             self.closed = True
             self.epochs.close()
-            self._cv.notify_all()
+            self._notify()
         self.crew.close(grace)
         self.asm.close()
 
@@ -213,7 +213,7 @@ cdef class _MapStage(_ThreadWork):
         """The consumer took a batch of epoch ``e``: no longer held ahead."""
         with self._cv:
             self.epochs.ahead.consumed(e is self.epochs.now, nbytes)
-            self._cv.notify_all()
+            self._notify()
 
     cdef void measure(self) except *:
         """After each batch taken: the gauge's window, then the tuner's, which
@@ -222,7 +222,7 @@ cdef class _MapStage(_ThreadWork):
         cdef int64_t now = pf_now_ns()
         cdef _LoaderThreads crew = self.crew
         if self.gauge.due(now) or self.tuner is not None and self.tuner.due(now):
-            self.gauge.after_batch(now, crew.load_ns + crew.busy_ns(now), crew.clocks, crew.tids, self.target,
+            self.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, self.target,
                                    crew.at_work())
         if self.tuner is None:
             return
@@ -230,9 +230,9 @@ cdef class _MapStage(_ThreadWork):
         if threads != self.target:
             self._set_threads(threads, self.rows)
             with self._cv:
-                self._cv.notify_all()   # parked threads' turn
+                self._notify()   # parked threads' turn
             now = pf_now_ns()
-            self.gauge.after_batch(now, crew.load_ns + crew.busy_ns(now), crew.clocks, crew.tids, threads,
+            self.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, threads,
                                    crew.at_work())
 
     # -- the loader threads' work (_ThreadWork) ---------------------------------
@@ -258,7 +258,7 @@ cdef class _MapStage(_ThreadWork):
         """The batch and row this thread loads next, in sampler order; None once
         closed. A thread numbered past the target count waits (parked)."""
         cdef _Batch b
-        cdef int64_t t0
+        cdef int64_t t0, ready
         cdef _Epochs epochs = self.epochs
         while True:
             if self.closed:
@@ -275,10 +275,15 @@ cdef class _MapStage(_ThreadWork):
                 self._open_batch()
                 continue
             t0 = pf_now_ns()
+            ready = 0
             with self._cv:
                 if not self.closed and epochs.to_open() is None and not epochs.has_rows():
-                    self._cv.wait(WAIT_SLICE_S)
-            self.idle_ns += pf_now_ns() - t0
+                    self.crew.waits(wid)
+                    try:
+                        self._cv.wait(WAIT_SLICE_S)
+                    finally:
+                        ready = self.crew.runs(wid, pf_now_ns())
+            self.idle_ns += pf_now_ns() - t0 - ready
 
     cdef _open_batch(self):
         cdef bint opened = False
@@ -340,7 +345,13 @@ cdef class _MapStage(_ThreadWork):
 
     cdef void wake(self):
         with self._cv:
-            self._cv.notify_all()
+            self._notify()
+
+    cdef void _notify(self):
+        """Wakes every thread waiting on the condition (held), noting when for
+        the loader threads waiting for work (their wait to run counts)."""
+        self.crew.woken(pf_now_ns())
+        self._cv.notify_all()
 
     cdef _sized(self, _Batch b, uint64_t nbytes):
         """``b``'s size is known: its bytes replace the estimate held for it."""
@@ -351,7 +362,7 @@ cdef class _MapStage(_ThreadWork):
             return
         with self._cv:
             self.epochs.ahead.resize(b, nbytes, self.epochs.epoch_of(b) is not None)
-            self._cv.notify_all()   # an estimate now exists: more batches may open
+            self._notify()   # an estimate now exists: more batches may open
 
 
 @cython.final

@@ -14,6 +14,8 @@ cdef bint _THREAD_CLOCKS = hasattr(time, "pthread_getcpuclockid")
 cdef unsigned GIL_HOLD_US = 2000     # the probe holds the GIL this long, and on while a loader
 cdef unsigned GIL_HOLD_MAX_US = 10000  # thread is runnable, up to this
 cdef unsigned GIL_LET_GO_US = 10000  # then lets it go, until a loader thread ran, at most this
+cdef unsigned GIL_WATCH_US = 2000    # then watches them this long, and on while one is runnable
+cdef double GIL_PARALLEL = 1.5       # ... running this many at a time or more: not waiting
 cdef int64_t GIL_RAN_NS = 200 * 1000  # a thread ran (one leaving a short GIL-free step runs less)
 
 
@@ -39,15 +41,8 @@ class _Meter:
 
     def probe(self, clocks, tids):
         """True when the loader threads wait for the GIL, False when they do
-        not, None when it cannot tell (see _waiting_for_the_gil). Found
-        waiting, they are looked at once more, right after one of them took
-        the GIL and this thread took it back: threads of a dataset that holds
-        the GIL queue for it again, while threads that queued by chance (the
-        holder of the GIL kept off a CPU by busy processes while the others
-        left their GIL-free work) have gone back to that work."""
+        not, None when it cannot tell (see _waiting_for_the_gil)."""
         cdef int verdict = _waiting_for_the_gil(clocks, tids)
-        if verdict == 1:
-            verdict = _waiting_for_the_gil(clocks, tids)
         return None if verdict < 0 else verdict == 1
 
 
@@ -109,30 +104,40 @@ cdef int64_t _runq_ns(int tid) noexcept:
 
 
 cdef int _waiting_for_the_gil(clocks, tids) except -2:
-    """True when the loader threads (their CPU clocks: ``clocks``, their
-    kernel thread ids: ``tids``) wait for the GIL. While this thread holds it
-    for GIL_HOLD_US, and on while one of them is runnable (up to
-    GIL_HOLD_MAX_US), none of them runs (no clock moves GIL_RAN_NS: one running
-    numpy, a decoder or any code that released the GIL would, as soon as it has
-    a CPU; one waiting for the GIL runs for microseconds when it wakes to look,
-    and sleeps again); and once it is let go one of them runs within
-    GIL_LET_GO_US (one waited for it, rather than sleeping on I/O): 1, else
-    0; -1 (it cannot tell) where a thread is still runnable at
-    GIL_HOLD_MAX_US (no CPU for it so long)."""
+    """1 when the loader threads (their CPU clocks: ``clocks``, their kernel
+    thread ids: ``tids``) wait for the GIL, 0 when they do not, -1 when it
+    cannot tell. Three looks, each of which may say 0:
+
+    - held: while this thread holds the GIL for GIL_HOLD_US, and on while one
+      of them is runnable (up to GIL_HOLD_MAX_US), none of them runs (no clock
+      moves GIL_RAN_NS: one running numpy, a decoder or any code that released
+      the GIL would, as soon as it has a CPU; one waiting for the GIL runs for
+      microseconds when it wakes to look, and sleeps again);
+    - let go: one of them runs within GIL_LET_GO_US (one waited for it, rather
+      than sleeping on I/O);
+    - watched, from then on for GIL_WATCH_US: they run about one at a time
+      (their clocks move under GIL_PARALLEL x that time together). Threads of
+      a dataset that holds the GIL stay asleep while one of them runs; threads
+      that queued by chance (the holder of the GIL kept off a CPU by busy
+      processes while the others left their GIL-free work) take the GIL in
+      turn and go back to that work, side by side.
+
+    Watched rather than looked at again once this thread takes the GIL back:
+    where the one running lets the GIL go briefly and takes it back (numpy's
+    allocator does), the others wait until it blocks, this thread as well,
+    and by then none of them is at work. -1 where a thread is still runnable
+    at GIL_HOLD_MAX_US in the first or the last look (no CPU for it so long)."""
     cdef clockid_t ids[64]
     cdef int64_t start[64]
     cdef int tidv[64]
-    cdef int n = 0, k = 0, i
+    cdef int n = 0, i
     cdef int64_t until
-    cdef bint ran, runnable
-    for c in clocks:
-        if c is not None and n < 64:
+    cdef int first
+    for c, tid in zip(clocks, tids):
+        if c is not None and tid is not None and n < 64:
             ids[n] = <clockid_t>c
+            tidv[n] = <int>tid
             n += 1
-    for tid in tids:
-        if tid is not None and k < 64:
-            tidv[k] = <int>tid
-            k += 1
     if n == 0:
         return -1
     _clocks_now(ids, start, n)
@@ -140,10 +145,7 @@ cdef int _waiting_for_the_gil(clocks, tids) except -2:
         return 0
     until = pf_now_ns() + <int64_t>(GIL_HOLD_MAX_US - GIL_HOLD_US) * 1000
     while True:   # still holding it: plain C reads, the GIL is kept
-        runnable = False
-        for i in range(k):
-            runnable = runnable or _runnable(tidv[i])
-        if not runnable:
+        if not _any_runnable(tidv, n):
             break
         if _ran(ids, start, n, 500):
             return 0
@@ -151,11 +153,54 @@ cdef int _waiting_for_the_gil(clocks, tids) except -2:
             return -1
     with nogil:
         _clocks_now(ids, start, n)
-        ran = _ran(ids, start, n, GIL_LET_GO_US)
-    return 1 if ran else 0
+        first = _first_to_run(ids, start, n, GIL_LET_GO_US)
+        if first < 0:
+            return 0
+        return _one_at_a_time(ids, tidv, n)
 
 
-cdef bint _runnable(int tid) noexcept:
+cdef int _one_at_a_time(clockid_t *ids, int *tidv, int n) noexcept nogil:
+    """The last look of _waiting_for_the_gil: 1 where the threads' clocks
+    moved under GIL_PARALLEL x the watch together, 0 where more, -1 where
+    one of those that barely ran was still runnable at GIL_HOLD_MAX_US."""
+    cdef int64_t start[64]
+    cdef int64_t t0 = pf_now_ns(), until = t0 + <int64_t>GIL_HOLD_MAX_US * 1000
+    cdef int64_t watch = <int64_t>GIL_WATCH_US * 1000, elapsed, moved, total
+    cdef timespec pause
+    cdef int i
+    cdef bint short_of_cpu
+    pause.tv_sec = 0
+    pause.tv_nsec = 50 * 1000
+    _clocks_now(ids, start, n)
+    while True:
+        nanosleep(&pause, NULL)
+        elapsed = pf_now_ns() - t0
+        if elapsed < watch:
+            continue
+        total = 0
+        short_of_cpu = False
+        for i in range(n):
+            moved = _clock_ns(ids[i]) - start[i] if start[i] >= 0 else 0
+            total += moved
+            # One that ran under half the time and is runnable waits for a CPU, not the GIL.
+            short_of_cpu = short_of_cpu or (2 * moved < elapsed and _runnable(tidv[i]))
+        if total >= GIL_PARALLEL * elapsed:
+            return 0
+        if not short_of_cpu:
+            return 1
+        if pf_now_ns() >= until:
+            return -1
+
+
+cdef bint _any_runnable(int *tidv, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        if _runnable(tidv[i]):
+            return True
+    return False
+
+
+cdef bint _runnable(int tid) noexcept nogil:
     """Whether thread ``tid`` of this process is runnable (state R in
     /proc/self/task/<tid>/stat: running, or waiting for a CPU); False where
     that cannot be read."""
@@ -184,8 +229,13 @@ cdef void _clocks_now(clockid_t *ids, int64_t *out, int n) noexcept nogil:
 
 
 cdef bint _ran(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexcept nogil:
-    """Whether one of the clocks moved GIL_RAN_NS past ``start`` within
-    ``within_us``, sleeping 50 us between looks: the CPU goes to whoever
+    """Whether one of the clocks moved GIL_RAN_NS past ``start`` within ``within_us``."""
+    return _first_to_run(ids, start, n, within_us) >= 0
+
+
+cdef int _first_to_run(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexcept nogil:
+    """The first of the clocks seen GIL_RAN_NS past ``start`` within
+    ``within_us``, or -1; sleeping 50 us between looks: the CPU goes to whoever
     wants it meanwhile (a loader thread woken by the GIL's 5 ms time-out,
     otherwise left waiting for a CPU beside busy processes)."""
     cdef int64_t deadline = pf_now_ns() + <int64_t>within_us * 1000
@@ -196,9 +246,9 @@ cdef bint _ran(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexce
     while True:
         for i in range(n):
             if start[i] >= 0 and _clock_ns(ids[i]) - start[i] >= GIL_RAN_NS:
-                return True
+                return i
         if pf_now_ns() >= deadline:
-            return False
+            return -1
         nanosleep(&pause, NULL)
 
 

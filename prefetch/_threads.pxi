@@ -10,6 +10,7 @@
 # after close() listed the threads it joins. Persist across epochs.
 
 cdef object _SKIP = object()   # key_of(): the row is not loaded (its batch was dropped)
+cdef int64_t WAITING = -1      # woken_at: the thread waits for work
 
 
 cdef class _ThreadWork:
@@ -57,6 +58,7 @@ cdef class _LoaderThreads:
         self._gone = []
         self._starters = []
         self.busy_since = []
+        self.woken_at = []
         self.busy_key = []
         self.clocks = []
         self.tids = []
@@ -81,6 +83,7 @@ cdef class _LoaderThreads:
                     self._gone[wid] = False
                 else:
                     self.busy_since.append(0)
+                    self.woken_at.append(0)
                     self.busy_key.append(None)
                     self.clocks.append(None)
                     self.tids.append(None)
@@ -171,22 +174,56 @@ cdef class _LoaderThreads:
         self.busy_since[wid] = since
         self.busy_key[wid] = key
 
-    cdef int64_t busy_ns(self, int64_t now):
-        """The time the threads have spent inside loads still running, summed."""
-        cdef int64_t total = 0
+    # A thread woken from its wait for work needs the GIL to run again. Where
+    # the dataset's Python holds it, a woken thread may wait a whole batch:
+    # CPython's GIL hands itself over on a 5 ms time-out, and a holder that
+    # lets it go briefly and takes it back (numpy's allocator does, inside
+    # dataset[i]) restarts that time-out each time. Those threads take turns
+    # per batch, not per sample, and are never inside load() together; the
+    # gauge counts this wait as time at work, so that it sees them queue.
+
+    cdef void waits(self, int wid):
+        """Thread ``wid`` waits for work (under the condition, before its wait)."""
+        self.woken_at[wid] = WAITING
+
+    cdef void woken(self, int64_t now):
+        """The condition is notified at ``now`` (under it): the threads waiting for work wake."""
+        cdef int w
+        for w in range(self.count):
+            if self.woken_at[w] == WAITING:
+                self.woken_at[w] = now
+
+    cdef int64_t runs(self, int wid, int64_t now):
+        """Thread ``wid`` is back from its wait, running at ``now``: the time
+        it waited to run since woken (0: its wait timed out)."""
+        cdef int64_t since = self.woken_at[wid]
+        self.woken_at[wid] = 0
+        if since <= 0:
+            return 0
+        self.ready_ns += now - since
+        return now - since
+
+    cdef int64_t at_work_ns(self, int64_t now):
+        """The threads' time at work so far, summed: inside load(), or woken
+        for work and waiting to run (the gauge's `busy`)."""
+        cdef int64_t total = self.load_ns + self.ready_ns
         cdef int w
         for w in range(self.count):
             since = self.busy_since[w]
             if since:
                 total += now - <int64_t>since
+            since = self.woken_at[w]
+            if since > 0:
+                total += now - <int64_t>since
         return total
 
     cdef tuple at_work(self):
-        """The CPU clocks and kernel ids of the threads inside load() now (the
-        GIL probe's: an idle thread waits for work, not for the GIL)."""
+        """The CPU clocks and kernel ids of the threads at work now, inside
+        load() or woken for it (the GIL probe's: a thread waiting for work
+        waits for work, not for the GIL)."""
         clocks, tids = [], []
         for w in range(self.count):
-            if self.busy_since[w]:
+            if self.busy_since[w] or self.woken_at[w] > 0:
                 clocks.append(self.clocks[w])
                 tids.append(self.tids[w])
         return clocks, tids

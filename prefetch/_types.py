@@ -25,7 +25,8 @@ class GILBoundWarning(UserWarning):
         How many threads ran it at a time, on average (as
         ``Stats.load_parallelism``, over the windows that showed it).
     wait_share : float
-        The share of the threads' time inside it spent waiting for each other.
+        The share of the threads' time at work (inside it, or woken for it)
+        spent waiting for each other.
     threads, cpus : int
         The loader's threads then, and the CPUs the process may use.
     speedup : float or None
@@ -93,8 +94,8 @@ class Stats:
         consumer is the bottleneck (the threads wait for room). 0.0 before
         the first measurement (windows of 50 ms).
     load_wait_share : float
-        The share of the threads' time inside ``dataset[i]`` spent waiting for
-        each other: for the GIL, while some thread held it for long stretches
+        The share of the threads' time at work (inside ``dataset[i]``, or woken
+        for it and waiting to run) spent waiting for each other: for the GIL, while some thread held it for long stretches
         (running Python code). About 1 - 1/threads for a pure-Python
         ``dataset[i]``; 0 where the threads run in parallel.
     tune_reason : str
