@@ -348,9 +348,12 @@ cdef class _MapStage(_ThreadWork):
             self._notify()
 
     cdef void _notify(self):
-        """Wakes every thread waiting on the condition (held), noting when for
-        the loader threads waiting for work (their wait to run counts)."""
-        self.crew.woken(pf_now_ns())
+        """Wakes every thread waiting on the condition (held). Where there is
+        work for them, the loader threads waiting for work are noted woken:
+        from now on they wait to run it (the gauge counts that wait; a thread
+        woken for nothing goes back to its wait)."""
+        if self.epochs.has_rows() or self.epochs.to_open() is not None:
+            self.crew.woken(pf_now_ns())
         self._cv.notify_all()
 
     cdef _sized(self, _Batch b, uint64_t nbytes):
