@@ -277,14 +277,19 @@ def test_worker_rng_is_per_thread_and_seeded_with_the_workers_seed():
 
     def init(worker_id):
         info = get_worker_info()
-        draws[worker_id] = (info.seed, torch.randint(0, 1 << 30, (3,), generator=info.rng.torch_generator),
-                            info.rng.random_generator.random())
+        rng = info.rng
+        # Each made once, on first read (a new one per read would draw the same numbers again).
+        assert rng.numpy_generator is rng.numpy_generator and rng.torch_generator is rng.torch_generator
+        draws[worker_id] = (info.seed, torch.randint(0, 1 << 30, (3,), generator=rng.torch_generator),
+                            rng.random_generator.random(), rng.numpy_generator.integers(1 << 30, size=3))
 
     list(DataLoader(list(range(4)), num_workers=2, worker_init_fn=init))
     assert sorted(draws) == [0, 1] and draws[0][0] + 1 == draws[1][0]
-    for seed, t, r in draws.values():
+    base_seed = draws[0][0]
+    for worker_id, (seed, t, r, n) in draws.items():
         assert torch.equal(t, torch.randint(0, 1 << 30, (3,), generator=torch.Generator().manual_seed(seed)))
         assert r == random.Random(seed).random()
+        assert n.tolist() == np.random.default_rng([worker_id, base_seed]).integers(1 << 30, size=3).tolist()
 
 
 def test_persistent_workers_keep_threads_and_init_once():
