@@ -250,13 +250,19 @@ def epochs_until_warned(loader, caught, extra=0, epochs_max=EPOCHS_MAX):
     return [w for w in caught if issubclass(w.category, GILBoundWarning)]
 
 
-def test_a_loader_whose_threads_wait_for_the_gil_warns_once_at_the_users_line(monkeypatch, two_cpus):
-    meter = scripted(monkeypatch, GIL_BOUND)
-    with Loader(Sleeps(), batch_size=4, workers=2) as loader:
+def loaded_until_warned(dataset, extra=0, epochs_max=EPOCHS_MAX):
+    """(the GILBoundWarnings, the stats) of a Loader(workers=2) over ``dataset``
+    run by epochs_until_warned."""
+    with Loader(dataset, batch_size=4, workers=2) as loader:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            notes = epochs_until_warned(loader, caught, extra=3)
-        stats = loader.stats()
+            notes = epochs_until_warned(loader, caught, extra, epochs_max)
+        return notes, loader.stats()
+
+
+def test_a_loader_whose_threads_wait_for_the_gil_warns_once_at_the_users_line(monkeypatch, two_cpus):
+    meter = scripted(monkeypatch, GIL_BOUND)
+    notes, stats = loaded_until_warned(Sleeps(), extra=3)
     assert len(notes) == 1, [str(w.message) for w in notes]
     assert notes[0].filename == __file__   # the user's line, not prefetch's
     w = notes[0].message
@@ -303,11 +309,7 @@ def test_threads_that_take_turns_per_batch_are_judged_as_waiting(monkeypatch, tw
     gauge saw one busy thread and judged no window (the pure-Python dataset
     of bench/bench_gil_load.py warned in 0 of 10 loaders on a quiet machine)."""
     meter = scripted(monkeypatch, GIL_BOUND)
-    with Loader(Tokenises(), batch_size=4, workers=2) as loader:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            notes = epochs_until_warned(loader, caught, epochs_max=30)
-        stats = loader.stats()
+    notes, stats = loaded_until_warned(Tokenises(), epochs_max=30)
     assert len(notes) == 1, f"no warning in 30 epochs: {stats}"
     assert meter.probes >= 3
     # The woken threads' wait for the GIL is not idle time: the threads
