@@ -4,8 +4,9 @@
 #
 # The publisher measures windows (>= 50 ms, closed at a batch taken) through
 # the meter (_meter.pxi): per second, the threads at work on average (`busy`:
-# inside load(key), or woken for it and waiting to run, _threads.pxi), the CPUs they ran on (`cpu`), the CPUs they waited for
-# while runnable (`runq`), and the CPU the process's other threads used
+# inside load(key), or woken for it and waiting to run, _threads.pxi), the
+# CPUs they ran on (`cpu`), the CPUs they waited for while runnable (`runq`),
+# and the CPU the process's other threads used
 # (`others`: a library's own threads such as BLAS's, the training step).
 # judge() says from those figures whether a window is worth a probe; the
 # probe's verdict decides it. Both are fed figures by tests (window()).
@@ -21,8 +22,9 @@
 # dataset's second thread, on 2 CPUs beside one busy process). The probe
 # (_meter.pxi) tells: holding the GIL, does no loader thread run, even once it
 # has a CPU; once let go does one run at once, and then do they run one at a
-# time? All three: they wait for the GIL, the window is serialized, and its parallelism is the CPUs the threads
-# ran on, at least one (one held the GIL throughout); any other window's
+# time? All three: they wait for the GIL, the window is serialized, and its
+# parallelism is the CPUs the threads ran on, at least one (one held the GIL
+# throughout); any other window's
 # parallelism is the busy threads. A probe that cannot tell (a thread got no
 # CPU for 10 ms) is not counted. After 8 probes only every 4th judged window
 # probes (the others reuse its verdict). Without run-queue figures (no /proc:

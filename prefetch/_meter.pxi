@@ -132,7 +132,6 @@ cdef int _waiting_for_the_gil(clocks, tids) except -2:
     cdef int tidv[64]
     cdef int n = 0, i
     cdef int64_t until
-    cdef int first
     for c, tid in zip(clocks, tids):
         if c is not None and tid is not None and n < 64:
             ids[n] = <clockid_t>c
@@ -153,8 +152,7 @@ cdef int _waiting_for_the_gil(clocks, tids) except -2:
             return -1
     with nogil:
         _clocks_now(ids, start, n)
-        first = _first_to_run(ids, start, n, GIL_LET_GO_US)
-        if first < 0:
+        if not _ran(ids, start, n, GIL_LET_GO_US):
             return 0
         return _one_at_a_time(ids, tidv, n)
 
@@ -229,13 +227,8 @@ cdef void _clocks_now(clockid_t *ids, int64_t *out, int n) noexcept nogil:
 
 
 cdef bint _ran(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexcept nogil:
-    """Whether one of the clocks moved GIL_RAN_NS past ``start`` within ``within_us``."""
-    return _first_to_run(ids, start, n, within_us) >= 0
-
-
-cdef int _first_to_run(clockid_t *ids, int64_t *start, int n, unsigned within_us) noexcept nogil:
-    """The first of the clocks seen GIL_RAN_NS past ``start`` within
-    ``within_us``, or -1; sleeping 50 us between looks: the CPU goes to whoever
+    """Whether one of the clocks moved GIL_RAN_NS past ``start`` within
+    ``within_us``; sleeping 50 us between looks: the CPU goes to whoever
     wants it meanwhile (a loader thread woken by the GIL's 5 ms time-out,
     otherwise left waiting for a CPU beside busy processes)."""
     cdef int64_t deadline = pf_now_ns() + <int64_t>within_us * 1000
@@ -246,9 +239,9 @@ cdef int _first_to_run(clockid_t *ids, int64_t *start, int n, unsigned within_us
     while True:
         for i in range(n):
             if start[i] >= 0 and _clock_ns(ids[i]) - start[i] >= GIL_RAN_NS:
-                return i
+                return True
         if pf_now_ns() >= deadline:
-            return -1
+            return False
         nanosleep(&pause, NULL)
 
 
