@@ -373,13 +373,20 @@ def _verdict(rows, *args):
     return v
 
 
+def _paired(xs, ys, f):
+    """f(x, y) for each repetition in which both rows were measured (each result has its "rep":
+    the repetitions added for an open verdict run only the rows it compares)."""
+    by_rep = {y["rep"]: y for y in ys if "error" not in y}
+    return [f(x, by_rep[x["rep"]]) for x in xs if "error" not in x and x["rep"] in by_rep]
+
+
 def _verdicts(res, cfg):
     """The targets over what was measured: res[row] is a list of per-repetition dicts."""
     def ok(row):
         return [x for x in res.get(row, []) if "error" not in x]
 
-    def paired(a, b, f):   # per repetition, both rows measured
-        return [f(x, y) for x, y in zip(res.get(a, []), res.get(b, [])) if "error" not in x and "error" not in y]
+    def paired(a, b, f):
+        return _paired(res.get(a, []), res.get(b, []), f)
 
     out = []
     mem = {row: S.interval([x["growth"] / x["dataset"] for x in ok(row)]) for row in OURS}
@@ -417,8 +424,7 @@ def _verdicts(res, cfg):
 def _validate_verdicts(val):
     out = []
     for other in (FORK2, FS2):
-        iv = S.interval([x["total_s"] / y["total_s"] for x, y in zip(val.get(DROPIN2, []), val.get(other, []))
-                         if "error" not in x and "error" not in y])
+        iv = S.interval(_paired(val.get(DROPIN2, []), val.get(other, []), lambda x, y: x["total_s"] / y["total_s"]))
         out.append(_verdict((DROPIN2, other), f"training + evaluation loop: the drop-in's wall time <= {VALIDATE_GOAL:g} x torch's "
                              f"({'forkserver' if other == FS2 else 'fork'}, the same arguments)", iv.text(2),
                              S.judge(iv, VALIDATE_GOAL, False)))
@@ -434,19 +440,29 @@ def run(cfg, say):
     val = {row: [] for row in VALIDATE_ROWS}
     v = cfg["validate"]
 
-    def unresolved():   # more repetitions help only where every row compared runs in each one
-        vs = _verdicts(res, cfg) + _validate_verdicts(val)
-        return S.open_verdicts(v for v in vs if not set(v.rows) - set(CORE + VALIDATE_CORE) or not cfg["quick"])
+    def open_rows(verdicts, core):
+        """The rows compared by the verdicts still open that more repetitions can settle: --quick
+        adds repetitions of its core rows only (SPDL's epoch alone would take minutes)."""
+        vs = [x for x in verdicts if x.status == S.INCONCLUSIVE and (not cfg["quick"] or set(x.rows) <= set(core))]
+        return {row for x in vs for row in x.rows}
 
-    for rep in S.repetitions(cfg, unresolved, say):
-        extra = rep < cfg["extra_reps"]
-        for row in U.rotate(CORE + EXTRA * extra, rep):
+    def added():   # (epoch rows, training + evaluation rows) for a repetition after the planned ones
+        return open_rows(_verdicts(res, cfg), CORE), open_rows(_validate_verdicts(val), VALIDATE_CORE)
+
+    for rep in S.repetitions(cfg, lambda: any(added()), say):
+        if rep < cfg["reps"]:
+            extra = rep < cfg["extra_reps"]
+            rows, val_rows = CORE + EXTRA * extra, VALIDATE_CORE + VALIDATE_EXTRA * extra
+        else:
+            wanted, val_wanted = added()
+            rows, val_rows = [r for r in ROWS if r in wanted], [r for r in VALIDATE_ROWS if r in val_wanted]
+        for row in U.rotate(rows, rep):
             say(f"repetition {rep + 1}: {row}")
-            res[row].append(_epoch_row(row, cfg))
-        for row in U.rotate(VALIDATE_CORE + VALIDATE_EXTRA * extra, rep):
+            res[row].append({**_epoch_row(row, cfg), "rep": rep})
+        for row in U.rotate(val_rows, rep):
             say(f"repetition {rep + 1}: training + evaluation, {row}")
-            val[row].append(run_tree(_cmd("validate", row, v["train"], v["eval"], v["epochs"], v["step_s"]),
-                                     cfg["timeout_s"])[0])
+            val[row].append({**run_tree(_cmd("validate", row, v["train"], v["eval"], v["epochs"], v["step_s"]),
+                                        cfg["timeout_s"])[0], "rep": rep})
     say("a dataset holding a lock")
     locked = {row: run_tree(_cmd("lock", row, cfg["lock_records"]), cfg["timeout_s"])[0] for row in LOCK_ROWS}
     verdicts = _verdicts(res, cfg) + _validate_verdicts(val)
@@ -458,7 +474,7 @@ def _tables(res, val, locked, cfg):
     data_b = [x["dataset"] for rows in res.values() for x in rows if "error" not in x]
     lines = [f"  dataset: {cfg['records']:,} records, {_med(data_b) / MiB:.0f} MiB of PSS (median); "
              f"batches of {BATCH}, shuffled; median [95% interval] over repetitions", ""]
-    plain = {i: x for i, x in enumerate(res[PLAIN]) if "error" not in x}
+    plain = {x["rep"]: x for x in res[PLAIN] if "error" not in x}
     tab, notes = [], []
     for row in ROWS:
         xs = [x for x in res[row] if "error" not in x]
@@ -468,7 +484,7 @@ def _tables(res, val, locked, cfg):
         if not xs:
             tab.append([row, "failed"] + [""] * 6 + [f"0 ({len(errs)} failed)"])
             continue
-        over = [x["peak"] - plain[i]["peak"] for i, x in enumerate(res[row]) if "error" not in x and i in plain]
+        over = [x["peak"] - plain[x["rep"]]["peak"] for x in xs if x["rep"] in plain]
         later = [t for x in xs for t in x["later_first_s"]]
         tab.append([row, _fmt_mib([x["peak"] for x in xs]), _fmt_mib([x["growth"] for x in xs]),
                     "-" if row == PLAIN else _fmt_mib(over), _fmt_ms([x["first_s"] for x in xs]),
