@@ -26,7 +26,8 @@ children) is killed when the row ends, fails or times out. This process samples 
 --quick runs the 4-worker torch rows, the peers and (in the training loop) forkserver and the
 Loader in its first repetition only: they would take most of its time (SPDL's per-sample
 tasks run at about 13 batches/s here). Their figures then have no interval, and the targets
-that compare them are left to a full run.
+that compare them are left to a full run. Repetitions added while an interval straddles its
+target run only the rows it compares (--quick: only where they are all core rows).
 
 Columns: peak PSS of the tree during the epoch; its growth over the tree's PSS just before
 the loader was made (the dataset built); the peak's excess over the plain loop's peak in the
@@ -408,7 +409,9 @@ def _verdicts(res, cfg):
     if peers:
         vs = {p: S.interval(paired(LOADER2, p, lambda x, y: x["bps"] / y["bps"])) for p in peers}
         best = min(peers, key=lambda p: vs[p].median)
-        out.append(_verdict((LOADER2, *peers), "tiny samples: Loader(workers=2) ahead of every thread peer (batches/s ratio > 1)",
+        # More repetitions run the Loader and the peers still in doubt (SPDL's epoch takes minutes).
+        doubt = [p for p in peers if S.judge(vs[p], 1.0, True) == S.INCONCLUSIVE] or peers
+        out.append(_verdict((LOADER2, *doubt), "tiny samples: Loader(workers=2) ahead of every thread peer (batches/s ratio > 1)",
                              f"closest {best}: {vs[best].text(2)}",
                              S.combine(S.judge(iv, 1.0, True) for iv in vs.values()),
                              "; ".join(f"{p}: {iv.text(2)}" for p, iv in vs.items())))
