@@ -496,6 +496,7 @@ cdef class _MapStage(_ThreadWork):
     cdef Py_ssize_t rows           # rows per batch, for the window
     cdef _Tuner tuner              # workers="auto"; None: a fixed count
     cdef _Gauge gauge              # do the threads run in parallel (_gauge.pxi)
+    cdef object on_notice          # note -> None: takes the GIL notice in place of the warning, or None
     cdef int depth                 # the ring's, for the pool's keep
     cdef _Epochs epochs            # the epochs, what opens when, the bounds (_epoch_batches.pxi)
     cdef bint closed

@@ -21,7 +21,10 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from prefetch._core import MAP_KEYS_UNCHECKED
+from prefetch._warn import warn_consumer
 from prefetch.loader import Loader, _Mapped
+
+__all__ = ["FrameworkLoader", "FrameworkMap", "warn_consumer"]
 
 
 class _ThreadLoad:
@@ -58,12 +61,17 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     own bounds only). ``go_on``: a batch whose sample or collate raised is
     that batch's error and the epoch goes on, as some frameworks' loaders
     do. ``gil_noticed``: the GIL warning was given already (by this
-    drop-in's loader of an earlier epoch): it is not given again."""
+    drop-in's loader of an earlier epoch): it is not given again.
+    ``on_notice``: the GIL warning (a ``GILBoundWarning``, with its measured
+    figures) is passed to it, on the consumer's thread as a batch is taken,
+    instead of being raised: a drop-in that acts on it says what it did."""
 
     def __init__(self, dataset: Any, *, remedy: str, per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
+                 on_notice: Optional[Callable[[Warning], None]] = None,
                  framework: Optional[dict[str, Any]] = None, said_batch_size: Any = _OWN, **kwargs: Any) -> None:
         self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
+                           on_notice=on_notice,
                            per_thread=None if per_thread is None else _ThreadLoad(per_thread, dataset))
         self._framework = framework
         super().__init__(dataset, **kwargs)
@@ -88,6 +96,11 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     def gil_noticed(self) -> bool:
         """The GIL warning was given (or was already, by ``gil_noticed=``)."""
         return bool(self._stage.gil_noticed)
+
+    def drop_following(self) -> None:
+        """The next epoch is not opened early (what opened of it is let go):
+        its batches are loaded elsewhere."""
+        self._stage.drop_following()
 
     @property
     def next_epoch(self) -> int:

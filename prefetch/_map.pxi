@@ -102,11 +102,12 @@ cdef class _MapStage(_ThreadWork):
     def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
                   int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0, auto=None, *,
                   per_thread=None, Py_ssize_t lookahead=0, bint go_on=False, remedy=None,
-                  bint gil_noticed=False):
+                  bint gil_noticed=False, on_notice=None):
         """``auto``: workers="auto"'s (max_threads, cpus), _Tuner's. A drop-in's
         hooks (prefetch/_framework.py): each thread's own load, the batches
         opened and not yet consumed at most, a batch's error that the epoch
-        goes on after, the GIL notice's remedy, already given."""
+        goes on after, the GIL notice's remedy, already given, and who takes
+        it instead of a warning (a drop-in that acts on it)."""
         self.load = load
         self.per_thread = per_thread
         self.go_on = go_on
@@ -124,6 +125,7 @@ cdef class _MapStage(_ThreadWork):
         self.epochs = _Epochs(max_bytes, lookahead)
         self.n_keys = KEYS_ANY
         self.gauge = _Gauge(name, remedy, gil_noticed)
+        self.on_notice = on_notice
         if auto is not None:
             self.tuner = _Tuner(*auto)
 
@@ -442,7 +444,9 @@ cdef class _MapEpoch(_Stage):
 
     cdef int before_take(self) except -1:
         note = self.stage.gauge.take_notice()
-        if note is not None:
+        if note is not None and self.stage.on_notice is not None:
+            self.stage.on_notice(note)   # consumer thread: the drop-in says what it does about it
+        elif note is not None:
             _warn.warn_consumer(note, GILBoundWarning)   # at the user's line; nothing is taken yet
         return 0
 

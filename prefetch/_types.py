@@ -106,6 +106,11 @@ class Stats:
         was not faster because the threads took turns on the GIL),
         ``"cpus busy"`` (the process uses its CPUs), ``"thread limit"``;
         ``""`` before the first measurement and with a fixed ``workers``.
+    loading : str
+        Where a drop-in's epoch loads: ``"threads"``, or ``"processes"`` (the
+        framework's own worker processes, chosen where its threads measured
+        ``dataset[i]`` holding the GIL; the thread counters then count what
+        the threads loaded before); ``""`` for the other loaders.
     """
 
     produced: int = 0
@@ -129,6 +134,7 @@ class Stats:
     load_parallelism: float = 0.0
     load_wait_share: float = 0.0
     tune_reason: str = ""
+    loading: str = ""
 
 
 @dataclass(frozen=True)

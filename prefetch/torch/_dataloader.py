@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import copy
+import dataclasses
 import inspect
 import os
 import warnings
@@ -33,6 +34,7 @@ from prefetch._options import MAX_EPOCH, check_int, check_num_workers
 from prefetch._resume import check_state, make_state
 from prefetch._types import ClosedError, Stats
 from prefetch.torch._device import PinnedHost
+from prefetch.torch._processes import Choice, ProcessEpoch, Workers, check_loading, rest_of, say, why_not_processes
 from prefetch.torch._sampler import _Batches, _generators, decode_generator, drawing_from, encode_generator
 from prefetch.torch._shards import NOTHING, ShardMap, fresh_part, stateful
 from prefetch.torch._torch import torch
@@ -133,6 +135,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     _position: _Position | None = None       # the iterator made last, as state_dict() reads it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._choice = Choice(check_loading(kwargs.pop("loading", "auto")))   # where epochs load (_processes.py)
         try:
             given = _TORCH_INIT.bind(self, *args, **kwargs).arguments
         except TypeError:
@@ -275,8 +278,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         ``dataset[i]``, ``load_parallelism``...); all zero before the first epoch."""
         position = self._position
         if position is not None and position.running:
-            return position.source.stats()  # type: ignore[no-any-return]
-        return self._ended_stats[0]
+            stats = position.source.stats()
+        else:
+            stats = self._ended_stats[0]
+        return stats if stats.loading or position is None else dataclasses.replace(stats, loading="threads")
 
     def close(self) -> None:
         """Stops its threads at once, persistent or not (idempotent): an
@@ -474,6 +479,13 @@ class _ThreadIter:
             framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
             base_seed = _base_seed(loader.generator)
         self._batches: _Batches | None = None
+        self._choice = loader._choice
+        self._loader = weakref.ref(loader)   # read at a hand-over to torch's processes; not kept alive
+        # torch's worker processes, once they load: they draw the base seed where this iterator drew it.
+        self._workers = Workers(framework["iterator_rng"])
+        self._processes: ProcessEpoch | None = None   # the epoch begun, once they load it
+        self._drained = False   # the threads handed out their part of the epoch begun: torch's workers go on
+        self._notices: list[Any] = []   # the GIL notice, taken from the Loader for _decide
         self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
         if self._iterable:
             self._source: Any = ShardMap(loader, options, self._ahead, base_seed, framework=framework,
@@ -482,6 +494,7 @@ class _ThreadIter:
             auto = loader._auto_collation
             self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
                                      ahead=self._ahead, stateful=_stateful_samplers(loader))
+            self._batches.processes = self._choice.processes
             init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
             # torch's default_collate: the Loader's own collate gives the same batches,
             # each sample copied once into its row (torch stacks a list, then copies
@@ -504,6 +517,7 @@ class _ThreadIter:
                                            device=PinnedHost() if self._pin else None, framework=framework,
                                            said_batch_size=loader.batch_size,
                                            remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
+                                           on_notice=self._notices.append if self._choice.acts_on(loader) else None,
                                            **options)
         if resume is not None:
             # The one check ran in load_state_dict; the source's own reads its parts.
@@ -514,6 +528,7 @@ class _ThreadIter:
         self.position = _Position(self, self._source, self._persistent)
         # torch's iterators have no close(): one dropped mid-epoch closes its loader.
         weakref.finalize(self, self._source.close)
+        weakref.finalize(self, self._workers.close)
         self._done = False
         self._convert = getattr(self, "_convert", False)
         self._yielded = self._taken = 0   # batches of the epoch handed out; and failed too
@@ -533,7 +548,11 @@ class _ThreadIter:
         self._yielded = self._taken = 0
         self._done = False
         self.position.finished = False
+        self.position.source = self._source
+        self._processes, self._drained = None, False
         self._epoch = iter(self._source)   # a map-style epoch reads its sampler here (_Batches)
+        if self._choice.processes and self._batches is not None:
+            self._hand_over()
 
     def __iter__(self) -> _ThreadIter:
         return self
@@ -548,6 +567,8 @@ class _ThreadIter:
             raise ClosedError("this DataLoader was closed during its epoch")
         if self._done:
             raise StopIteration
+        if self._drained:
+            return self._from_processes()
         if self._batches is not None:
             # torch reads one batch more for each it hands out: the one due now too.
             self._batches.read_to(self._ahead + self._handed + 1)
@@ -562,6 +583,9 @@ class _ThreadIter:
         except StopIteration:
             if self._closed:   # by another thread while this one waited
                 raise ClosedError("this DataLoader was closed during its epoch") from None
+            if self._processes is not None:   # the threads' part is over: torch's workers go on
+                self._drained = True
+                return self._from_processes()
             self.position.finished = True
             self._end(close=not self._persistent)
             raise
@@ -571,6 +595,8 @@ class _ThreadIter:
                 # the epoch goes on with the next batch, as torch's does.
                 self._handed += 1
                 self._taken += 1
+                if self._processes is not None:
+                    self._processes.handed = self._handed
             elif not (isinstance(exc, KeyboardInterrupt) and epoch.running):
                 # Not Ctrl-C while next() waited (nothing taken: the next
                 # next() waits for the same batch, as torch's does): the end.
@@ -579,6 +605,10 @@ class _ThreadIter:
         self._handed += 1
         self._taken += 1
         self._yielded += 1
+        if self._processes is not None:
+            self._processes.handed = self._handed
+        elif self._notices:
+            self._decide()
         if self._iterable and self._len_called is not None and self._yielded > self._len_called:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
                           f"(when accessing len(dataloader)), but {self._yielded} samples have been "
@@ -589,16 +619,61 @@ class _ThreadIter:
             batch = _pin(batch, self._pin_device)
         return batch
 
+    def _decide(self) -> None:
+        """The threads measured dataset[i] holding the GIL: torch's worker
+        processes load the rest of the epoch, and every later one, where they
+        can run the dataset; the one warning says what and why."""
+        note = self._notices.pop()
+        self._choice.decided = True
+        loader = self._loader()
+        if loader is None:   # the iterator outlived its DataLoader: nothing to build torch's from
+            say(note, None, "its DataLoader is gone")
+            return
+        reason = why_not_processes(loader)
+        say(note, loader, reason)
+        if reason is None:
+            self._choice.processes = True
+            self._batches.processes = True  # type: ignore[union-attr]
+            self._hand_over()   # where the epoch cannot be cut, the next one begins in processes
+
+    def _hand_over(self) -> None:
+        """The batches of the epoch begun that no thread opened go to torch's
+        worker processes (started here, or persistent ones reset), which load
+        them while the threads finish theirs."""
+        self._source.drop_following()   # the next epoch is not opened early on threads
+        cut = self._batches.rest()  # type: ignore[union-attr]
+        loader = self._loader()
+        if cut is None or loader is None:
+            return
+        self._workers.begin(loader, rest_of(*cut))
+        self._processes = ProcessEpoch(self._source, self._workers, self._handed)
+        self.position.source = self._processes
+
+    def _from_processes(self) -> Any:
+        processes = self._processes
+        assert processes is not None
+        try:
+            batch = processes.take()
+        except StopIteration:
+            self.position.finished = True
+            self._end(close=not self._persistent)
+            raise
+        finally:
+            self._handed = processes.handed
+        self._taken = self._yielded = self._handed
+        return batch
+
     def _end(self, close: bool) -> None:
         """The epoch is over: tasks waiting for their turn return; threads go if ``close``."""
         self._done = True
-        self._ended_stats[0] = self._source.stats()
+        self._ended_stats[0] = (self._processes or self._source).stats()
         if self._iterable:
             self._source.cancel()
         else:
             self._gil_noticed[0] = self._gil_noticed[0] or self._source.gil_noticed
         if close:
             self._source.close()
+            self._workers.close()
 
     def close(self, closed: bool = True) -> None:
         """Its threads stop; ``closed``: its next() raises ClosedError (else

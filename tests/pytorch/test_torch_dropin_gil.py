@@ -1,7 +1,8 @@
-"""The GIL warning through the torch drop-in: one GILBoundWarning per DataLoader,
-over epochs with or without persistent workers, and its remedy names torch's own
-process DataLoader wrapped in prefetch.Prefetcher (the core's text names no
-framework). The gauge's meter is scripted (threads waiting for the GIL), so the
+"""The GIL warning through the torch drop-in kept on threads (loading="threads";
+"auto" hands the loading to torch's processes: test_torch_dropin_processes.py):
+one GILBoundWarning per DataLoader, over epochs with or without persistent
+workers, and its remedy names torch's own process DataLoader wrapped in
+prefetch.Prefetcher (the core's text names no framework). The gauge's meter is scripted (threads waiting for the GIL), so the
 outcome is the test's, whatever else the machine runs; the gauge's own decisions
 are tests/core/test_loader_gil.py's."""
 import os
@@ -38,7 +39,7 @@ class Sleeps:
 def test_a_gil_bound_dataset_warns_once_per_dataloader_naming_torchs_process_loader(monkeypatch, persistent):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
-    dl = DataLoader(Sleeps(), batch_size=4, num_workers=2, persistent_workers=persistent)
+    dl = DataLoader(Sleeps(), batch_size=4, num_workers=2, persistent_workers=persistent, loading="threads")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(EPOCHS):

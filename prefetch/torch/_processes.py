@@ -1,0 +1,227 @@
+"""``loading=``: where the torch drop-in's map-style epochs load, and the
+hand-over to torch's own worker processes.
+
+With ``loading="auto"`` (the default) an epoch starts on threads. Where the
+threads measure that ``dataset[i]`` holds the GIL (the core's gauge: its
+notice comes here through ``on_notice`` instead of being raised), they
+cannot load faster than one thread, and the worker processes of the
+``torch.utils.data.DataLoader`` this one replaces would. If those processes
+can run the dataset (the start method is ``fork``, or the dataset,
+``collate_fn`` and ``worker_init_fn`` pickle), the batches the threads have
+not opened go to torch's own ``_MultiProcessingDataLoaderIter``, built over
+a torch ``DataLoader`` that is the user's with its sampler replaced by those
+batches and its generator set to give the epoch's base seed: the same
+samples, order, batches, ``worker_init_fn``, ``collate_fn``, seeds
+(``base_seed + worker_id``), pinning and timeout as torch's. Every later
+epoch loads there from its start. One warning says so, with the measured
+figure; ``stats().loading`` says ``"processes"``. Where they cannot, the
+loader stays on threads and the warning says why.
+
+The hand-over is mid-epoch, at the verdict (within about 0.3 s of loading):
+on a GIL-bound dataset the threads load at about the speed of one, so an
+epoch finished on them costs the whole epoch at a fraction of torch's speed
+(the issue's text dataset: 0.59 x), which a run of a few epochs never wins
+back; starting torch's workers costs a fork each. Batches the threads opened
+are finished by them and handed out first, while torch's workers start:
+nothing is loaded twice or skipped. An epoch that cannot be cut (its sampler
+read to its end, or its batches opened early by persistent workers) ends on
+threads, and the next one starts in processes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import multiprocessing
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Iterator, Optional
+
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+from prefetch import GILBoundWarning, Stats
+from prefetch._framework import warn_consumer
+from prefetch.torch._sampler import decode_generator
+from prefetch.torch._torch import torch
+
+LOADINGS = ("auto", "threads", "processes")
+
+
+def check_loading(value: Any) -> str:
+    """``loading=`` as given, or ValueError naming it."""
+    if not isinstance(value, str) or value not in LOADINGS:
+        raise ValueError(f"loading= must be one of 'auto', 'threads' or 'processes', got loading={value!r}")
+    return value
+
+
+class Choice:
+    """One DataLoader's: its ``loading=``, and whether its epochs now load in processes."""
+
+    __slots__ = ("loading", "processes", "decided")
+
+    def __init__(self, loading: str) -> None:
+        self.loading = loading
+        self.processes = loading == "processes"
+        self.decided = loading != "auto"   # "auto": until the GIL notice came and was acted on
+
+    def acts_on(self, loader: Any) -> bool:
+        """Whether this loader's GIL notice is this module's to act on: "auto",
+        undecided, ordered batches (the state counts them), worker processes to
+        hand them to."""
+        return not self.decided and loader.in_order and loader.num_workers > 0
+
+
+def start_method(loader: Any) -> str:
+    """The start method torch's workers would use: the loader's context's, else the process's."""
+    context = loader.multiprocessing_context
+    if context is not None:
+        return str(context.get_start_method())
+    # Not multiprocessing.get_start_method() without allow_none: that would fix the default.
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
+def why_not_processes(loader: Any) -> Optional[str]:
+    """Why torch's worker processes cannot run this loader's dataset; None where they can."""
+    method = start_method(loader)
+    if method == "fork":
+        return None
+    try:
+        ForkingPickler.dumps((loader.dataset, loader.collate_fn, loader.worker_init_fn))
+    except Exception as exc:
+        return (f"its dataset, collate_fn or worker_init_fn cannot be pickled, as the {method!r} start method "
+                f"needs ({type(exc).__name__}: {exc})")
+    return None
+
+
+def say(note: Any, loader: Any, reason: Optional[str]) -> None:
+    """The one warning about the GIL notice ``note``: what the DataLoader does (at the user's line)."""
+    if reason is not None:
+        message = f"{note} It stays on threads: torch's worker processes cannot run it: {reason}."
+    else:
+        message = (f"DataLoader: its {note.threads} threads ran dataset[i] about {note.parallelism:.1f} at a time "
+                   f"({note.wait_share:.0%} of their time at work went to waiting for each other, on "
+                   f"{note.cpus} CPUs): dataset[i] holds the GIL (it runs Python code), so threads take turns. "
+                   f"It now loads with torch's own worker processes ({loader.num_workers}, start method "
+                   f"{start_method(loader)!r}), as torch.utils.data.DataLoader does: the same batches, order, "
+                   "seeds and state_dict(); the batches its threads opened come first. stats().loading shows "
+                   "it; loading='threads' keeps threads.")
+    warning = GILBoundWarning(message)
+    for name in ("parallelism", "wait_share", "threads", "cpus", "speedup"):
+        setattr(warning, name, getattr(note, name, None))
+    warn_consumer(warning, GILBoundWarning)   # type: ignore[arg-type]
+
+
+class _Rest:
+    """The epoch's index lists not opened by the threads, as torch's iterator
+    reads its ``_index_sampler``; fed again for each epoch of persistent workers."""
+
+    def __init__(self, single: bool, length: int) -> None:
+        self.single = single   # batch_size=None: torch's sampler gives indices
+        self.length = length
+        self.batches: Iterator[Any] = iter(())
+
+    def __iter__(self) -> Iterator[Any]:
+        return (keys[0] for keys in self.batches) if self.single else self.batches
+
+    def __len__(self) -> int:
+        return self.length
+
+
+def _torch_loader(loader: Any, rest: _Rest, iterator_rng: str) -> Any:
+    """A torch ``DataLoader`` that is ``loader`` (every attribute torch's
+    iterator reads: dataset, collate_fn, worker_init_fn, multiprocessing
+    context, prefetch_factor, pin_memory, timeout, persistent_workers) with
+    ``rest`` as its sampler and a generator set to where ``loader``'s was as
+    its iterator drew the base seed (``iterator_rng``), so torch's iterator
+    draws the same seed. torch's own class, whatever ``patch()`` rebound."""
+    own = next(c for c in type(loader).__mro__
+               if c.__module__ == "torch.utils.data.dataloader" and c.__name__ == "DataLoader")
+    proxy = own.__new__(own)
+    fields = dict(vars(loader))
+    generator = torch.Generator()
+    generator.set_state(decode_generator(iterator_rng))
+    fields.update(generator=generator, _iterator=None)
+    fields["batch_sampler" if rest.single is False else "sampler"] = rest
+    vars(proxy).update(fields)   # not setattr: torch refuses to change these after __init__
+    return proxy
+
+
+class Workers:
+    """torch's worker processes for one DataLoader iterator (persistent
+    workers: across its epochs), reading the batches the threads left."""
+
+    def __init__(self, iterator_rng: str) -> None:
+        self.iterator_rng = iterator_rng   # the loader's generator as the iterator drew its base seed
+        self.proxy: Any = None
+        self.it: Optional[_MultiProcessingDataLoaderIter] = None
+
+    def begin(self, loader: Any, batches: Iterator[Any]) -> None:
+        """An epoch's (or its rest's) index lists, read as torch reads its sampler."""
+        if self.proxy is None:
+            self.proxy = _torch_loader(loader, _Rest(not loader._auto_collation, len(loader)), self.iterator_rng)
+        self.proxy._index_sampler.batches = batches
+        if self.it is None:
+            self.it = _MultiProcessingDataLoaderIter(self.proxy)   # starts the workers, reads ahead
+        else:
+            self.it._reset(self.proxy)   # persistent workers: torch's next epoch on the same ones
+
+    def close(self) -> None:
+        """torch's own shutdown (bounded: it joins, then terminates): no process is left."""
+        it, self.it = self.it, None
+        if it is not None:
+            it._shutdown_workers()
+
+
+class ProcessEpoch:
+    """An epoch that torch's workers finish, as the DataLoader's state and
+    stats read it: the thread Loader's record of the epoch (its number, seed,
+    sampler states as it began) with the batches handed out counted here."""
+
+    def __init__(self, source: Any, workers: Workers, handed: int) -> None:
+        self.source = source
+        self.workers = workers
+        self.state = source.state_dict()   # taken while the epoch runs: this epoch's
+        self.handed = handed               # batches of the epoch handed out (or failed)
+        self.finished = False
+
+    def take(self) -> Any:
+        """torch's next batch (its conversion, pinning and timeout); a batch
+        whose error torch raises is counted as handed out, as on threads."""
+        it = self.workers.it
+        assert it is not None
+        before = it._rcvd_idx
+        try:
+            return next(it)
+        except StopIteration:
+            self.finished = True
+            raise
+        finally:
+            self.handed += it._rcvd_idx - before
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.source.closed) or self.workers.it is None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.finished:
+            return self.source.state_dict()  # type: ignore[no-any-return]  # the next epoch's start
+        return dict(self.state, batches=self.handed, out_of_order=[])
+
+    def stats(self) -> Stats:
+        return dataclasses.replace(self.source.stats(), consumed=self.handed, loading="processes")
+
+    def close(self) -> None:
+        self.workers.close()
+        self.source.close()
+
+
+def rest_of(read: Iterator[Any], replay: Optional[Iterator[Any]], opened: int, tries: int,
+            source: Iterator[Any]) -> Iterator[Any]:
+    """The epoch's index lists after the ``opened`` ones the threads took: the
+    ``read`` ones no thread took, then (where the threads took a replay of
+    the sampler, ``replay``) the replay's up to the ``tries`` reads of the
+    real sampler, then the real sampler's own, past any the threads took
+    ahead of its reading."""
+    head: Iterator[Any] = read
+    if replay is not None:
+        head = itertools.islice(replay, max(0, tries - opened))
+        source = itertools.islice(source, max(0, opened - tries), None)
+    return itertools.chain(head, source)

@@ -1,0 +1,209 @@
+"""The torch drop-in never slower than the loader it replaces (SPEC §9 "Never
+slower than the loader replaced"): where its threads measure a GIL-bound
+dataset[i], loading="auto" hands the batches not yet opened to torch's own
+worker processes (torch's _MultiProcessingDataLoaderIter), with the samples,
+order, seeds and state torch gives; a dataset those processes cannot run
+stays on threads; closing or dropping a switched loader leaves no process.
+The gauge's meter is scripted (threads waiting for the GIL), so the verdict
+is the test's whatever else the machine runs."""
+import gc
+import multiprocessing
+import os
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")   # the torch environment's (tests/run.sh)
+psutil = pytest.importorskip("psutil")
+
+import torch  # noqa: E402
+
+import prefetch._core as core  # noqa: E402
+from prefetch import GILBoundWarning  # noqa: E402
+from prefetch.torch import DataLoader  # noqa: E402
+from support import ScriptedMeter  # noqa: E402
+
+GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # busy, cpu, runq, others per second (tests/core/test_loader_gil.py)
+N = 320
+MAIN = os.getpid()
+
+
+class Counted(torch.utils.data.Dataset):
+    """dataset[i] -> (i, pid, base seed); counts its calls per index in
+    memory the forked workers share (each index loaded exactly once?)."""
+
+    def __init__(self, n=N):
+        self.calls = multiprocessing.get_context("fork").Array("i", n)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with self.calls.get_lock():
+            self.calls[i] += 1
+        threading.Event().wait(0.002)   # both threads inside it about all the time
+        info = torch.utils.data.get_worker_info()
+        return np.array([i, os.getpid(), info.seed - info.id])
+
+
+@pytest.fixture
+def gil_bound(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
+
+
+def children():
+    return psutil.Process().children(recursive=True)
+
+
+def run(dl, epochs=1):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [np.concatenate([b.numpy() for b in dl]) for _ in range(epochs)]
+    return got, [w for w in caught if issubclass(w.category, GILBoundWarning)]
+
+
+@pytest.mark.timeout(120)
+def test_a_gil_bound_dataset_goes_on_in_torchs_worker_processes_each_sample_loaded_once(gil_bound):
+    ds = Counted()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    (got,), notes = run(dl)
+    assert got[:, 0].tolist() == list(range(N))   # sampler order, nothing skipped or repeated
+    assert list(ds.calls) == [1] * N               # nothing loaded twice, by threads and processes
+    pids = got[:, 1]
+    assert pids[0] == MAIN and (pids != MAIN).any()   # begun on threads, finished in processes
+    switched = np.flatnonzero(pids != MAIN)[0]
+    assert (pids[switched:] != MAIN).all()          # once handed over, torch's workers load the rest
+    assert len(notes) == 1, [str(w.message) for w in notes]
+    text = str(notes[0].message)
+    assert "torch's own worker processes" in text and "about 1.0 at a time" in text
+    assert notes[0].message.parallelism == pytest.approx(1.0, abs=0.3)
+    assert dl.stats().loading == "processes"
+    (again,), notes = run(dl)   # a later epoch: processes from its start, said once
+    assert (again[:, 1] != MAIN).all() and again[:, 0].tolist() == list(range(N)) and not notes
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_switched_loader_gives_torchs_shuffle_and_seeds(gil_bound, persistent):
+    """The same generator seed: the order and base seed torch's own DataLoader gives."""
+    ds = Counted()
+    def made(cls, **kw):
+        return cls(ds, batch_size=4, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(7),
+                   persistent_workers=persistent, **kw)
+    mine, _ = run(made(DataLoader), epochs=3)
+    theirs, _ = run(made(torch.utils.data.DataLoader), epochs=3)
+    for a, b in zip(mine, theirs):
+        assert a[:, 0].tolist() == b[:, 0].tolist()
+        assert set(a[:, 2].tolist()) == set(b[:, 2].tolist())   # one base seed an epoch, torch's
+    assert (mine[0][:, 1] == MAIN).any() and (mine[2][:, 1] != MAIN).all()
+
+
+@pytest.mark.timeout(120)
+def test_a_state_taken_in_processes_resumes_with_the_batches_not_handed_out(gil_bound):
+    ds = Counted()
+    dl = DataLoader(ds, batch_size=4, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        it = iter(dl)
+        head = []
+        while len(head) < 60:
+            head.append(next(it).numpy())
+        assert head[-1][0, 1] != MAIN   # these came from torch's workers
+        state = dl.state_dict()
+        rest = [b.numpy() for b in it]
+    assert state["batches"] == 60
+    fresh = DataLoader(ds, batch_size=4, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(99),
+                       loading="threads")
+    fresh.load_state_dict(state)
+    resumed = [b.numpy() for b in fresh]
+    assert [b[:, 0].tolist() for b in resumed] == [b[:, 0].tolist() for b in rest]
+    dl.close()
+    fresh.close()
+
+
+class Locked(torch.utils.data.Dataset):
+    """Holds a lock: it cannot be pickled for spawn's processes."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def __len__(self):
+        return 160
+
+    def __getitem__(self, i):
+        with self.lock:
+            threading.Event().wait(0.002)
+        return np.array([i, os.getpid()])
+
+
+@pytest.mark.timeout(120)
+def test_a_dataset_that_cannot_be_pickled_for_spawn_stays_on_threads_and_says_why(gil_bound):
+    dl = DataLoader(Locked(), batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    (got,), notes = run(dl, epochs=1)
+    assert got[:, 0].tolist() == list(range(160)) and (got[:, 1] == MAIN).all()
+    assert len(notes) == 1
+    text = str(notes[0].message)
+    assert "stays on threads" in text and "cannot be pickled" in text and "'spawn'" in text
+    assert dl.stats().loading == "threads"
+    dl.close()
+
+
+@pytest.mark.timeout(120)
+def test_loading_threads_keeps_threads_and_the_cores_warning(gil_bound):
+    dl = DataLoader(Counted(), batch_size=4, num_workers=2, loading="threads")
+    (got,), notes = run(dl)
+    assert (got[:, 1] == MAIN).all()
+    assert len(notes) == 1 and "wrapped in prefetch.Prefetcher" in str(notes[0].message)
+    dl.close()
+
+
+def fails_in_a_process(worker_id):
+    if os.getpid() != MAIN:
+        raise ValueError(f"worker_init_fn refuses worker {worker_id}")
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_init_fn_that_raises_in_a_process_is_raised_and_leaves_no_process(gil_bound):
+    dl = DataLoader(Counted(), batch_size=4, num_workers=2, worker_init_fn=fails_in_a_process)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        with pytest.raises(ValueError, match="worker_init_fn refuses worker"):
+            for _ in dl:
+                pass
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_switched_loader_closed_or_dropped_mid_epoch_leaves_no_process(gil_bound, how):
+    dl = DataLoader(Counted(), batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        it = iter(dl)
+        batch = next(it)
+        while batch[0, 1] == MAIN:
+            batch = next(it)
+    assert children() != []
+    if how == "close":
+        dl.close()
+        with pytest.raises(Exception, match="closed"):
+            next(it)
+    else:
+        del it, batch   # torch's iterators have no close(): dropped, it ends its workers
+        gc.collect()
+    for p in children():
+        p.wait(timeout=30)
+    assert children() == []
+
+
+@pytest.mark.parametrize("bad", ["fork", "Threads", None, 1])
+def test_loading_must_be_auto_threads_or_processes(bad):
+    with pytest.raises(ValueError, match=r"loading=.*" + repr(bad).replace("(", r"\(")):
+        DataLoader(list(range(8)), loading=bad)
