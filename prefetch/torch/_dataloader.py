@@ -34,7 +34,15 @@ from prefetch._options import MAX_EPOCH, check_int, check_num_workers
 from prefetch._resume import check_state, make_state
 from prefetch._types import ClosedError, Stats
 from prefetch.torch._device import PinnedHost
-from prefetch.torch._processes import Choice, ProcessEpoch, Workers, check_loading, rest_of, say, why_not_processes
+from prefetch.torch._processes import (
+    Choice,
+    ProcessEpoch,
+    Workers,
+    check_loading,
+    rest_of,
+    say,
+    why_not_processes,
+)
 from prefetch.torch._sampler import _Batches, _generators, decode_generator, drawing_from, encode_generator
 from prefetch.torch._shards import NOTHING, ShardMap, fresh_part, stateful
 from prefetch.torch._torch import torch

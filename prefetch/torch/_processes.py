@@ -214,14 +214,15 @@ class ProcessEpoch:
 
 
 def rest_of(read: Iterator[Any], replay: Optional[Iterator[Any]], opened: int, tries: int,
-            source: Iterator[Any]) -> Iterator[Any]:
+            source: Iterator[Any], handed: int) -> Iterator[Any]:
     """The epoch's index lists after the ``opened`` ones the threads took: the
     ``read`` ones no thread took, then (where the threads took a replay of
     the sampler, ``replay``) the replay's up to the ``tries`` reads of the
     real sampler, then the real sampler's own, past any the threads took
-    ahead of its reading."""
+    ahead of its reading; the first ``handed`` left out (handed out before a
+    resumed state was saved: read again for the sampler's draws, and dropped)."""
     head: Iterator[Any] = read
     if replay is not None:
         head = itertools.islice(replay, max(0, tries - opened))
         source = itertools.islice(source, max(0, opened - tries), None)
-    return itertools.chain(head, source)
+    return itertools.islice(itertools.chain(head, source), handed, None)

@@ -187,6 +187,7 @@ class _Batches:
         self.processes = False        # torch's worker processes load the epochs that begin (_processes.py)
         self.adopted = False          # the epoch begun may be one opened early (its batches are not cut's)
         self.cut: Optional[_Cut] = None   # what the threads take of the epoch begun
+        self.skip = 0                 # batches of the epoch begun the Loader drops (a resume)
         # torch makes an iterator of the sampler when its DataLoader iterator is
         # made, and again as the first epoch begins (a sampler that draws in
         # __iter__ draws twice): so does this.
@@ -225,7 +226,7 @@ class _Batches:
                 self._begun, self._next = plan, None
                 self._open()
             self.read_to(self.ahead + self.dropped)
-        self.dropped = 0
+        self.skip, self.dropped = self.dropped, 0
         self.cut = _Cut(self._take(self.token) if self.plan is None else self.plan.batches(), self.processes)
         return self.cut
 
@@ -233,7 +234,8 @@ class _Batches:
         """Cuts the epoch begun (consumer's thread): the threads take no more
         of its batches. What is left, for ``_processes.rest_of``: the batches
         read that no thread took, the replay the threads took from (or None),
-        the batches they took, the sampler's reads, the sampler. None where
+        the batches they took, the sampler's reads, the sampler, and how many
+        of what is left were handed out before a resumed state. None where
         the epoch cannot be cut (every batch taken, or perhaps opened early)."""
         cut = self.cut
         if cut is None or self.adopted:
@@ -245,7 +247,8 @@ class _Batches:
             cut.done = True
             self.read.clear()
             self.exhausted = True   # the threads read nothing more of it
-            return _reread(read), None if self.plan is None else cut.batches, cut.taken, self.tries, self.source
+            return (_reread(read), None if self.plan is None else cut.batches, cut.taken, self.tries, self.source,
+                    max(0, self.skip - cut.taken))
 
     @property
     def next_plan(self) -> Optional[_Plan]:

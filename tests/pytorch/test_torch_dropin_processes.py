@@ -111,18 +111,22 @@ def test_a_state_taken_in_processes_resumes_with_the_batches_not_handed_out(gil_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GILBoundWarning)
         it = iter(dl)
-        head = []
-        while len(head) < 60:
+        head = [next(it).numpy()]
+        while head[-1][0, 1] == MAIN:   # until torch's workers hand out batches
             head.append(next(it).numpy())
-        assert head[-1][0, 1] != MAIN   # these came from torch's workers
+        head += [next(it).numpy() for _ in range(3)]
         state = dl.state_dict()
         rest = [b.numpy() for b in it]
-    assert state["batches"] == 60
+    assert state["batches"] == len(head) and len(head) + len(rest) == N // 4
     fresh = DataLoader(ds, batch_size=4, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(99),
                        loading="threads")
     fresh.load_state_dict(state)
     resumed = [b.numpy() for b in fresh]
     assert [b[:, 0].tolist() for b in resumed] == [b[:, 0].tolist() for b in rest]
+    dl.load_state_dict(state)   # the switched loader resumes in processes from the batch after
+    again = [b.numpy() for b in dl]
+    assert [b[:, 0].tolist() for b in again] == [b[:, 0].tolist() for b in rest]
+    assert (np.concatenate(again)[:, 1] != MAIN).all()
     dl.close()
     fresh.close()
 
