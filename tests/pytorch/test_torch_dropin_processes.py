@@ -105,6 +105,7 @@ def test_the_switched_loader_gives_torchs_shuffle_and_seeds(gil_bound, persisten
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore::prefetch.GILBoundWarning")
 def test_a_state_taken_in_processes_resumes_with_the_batches_not_handed_out(gil_bound):
     ds = Counted()
     dl = DataLoader(ds, batch_size=4, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(3))
