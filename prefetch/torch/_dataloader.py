@@ -310,7 +310,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if isinstance(self._iterator, _ThreadIter):   # persistent workers'
             self._iterator.close()
         elif self._iterator is not None:   # torch's, of persistent worker processes (loading="processes")
-            self._iterator._shutdown_workers()
+            self._iterator._shutdown_workers()  # type: ignore[attr-defined]
             self._iterator = None
         if self._position is not None:   # the epoch begun last
             self._position.close()

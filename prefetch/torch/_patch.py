@@ -81,7 +81,7 @@ def _stand_in(name: str) -> type:
                                                "__doc__": drop_in.__doc__})
             made.replaced = original(name)
             globals()[name] = made
-        return made  # type: ignore[no-any-return]
+        return made
 
 
 def __getattr__(name: str) -> type:
@@ -121,7 +121,7 @@ def patch() -> type:
         if not _patched:
             stand_ins = {original(name): _stand_in(name) for name in _installed()}
             for module, name, value in module_bindings(*stand_ins):
-                if name == value.__name__ and module.__name__ != value.__module__:
+                if name == value.__name__ and getattr(module, "__name__", None) != value.__module__:
                     setattr(module, name, stand_ins[value])
             _patched = True
         return _stand_in("DataLoader")
@@ -139,14 +139,15 @@ def unpatch() -> None:
         if not _patched:
             return
         stand_ins = [_stand_in(name) for name in _installed()]
-        unset = []
+        unset: list[str] = []
         for module, name, value in module_bindings(*stand_ins):
             try:
                 setattr(module, name, value.replaced)
             except (AttributeError, TypeError):
-                unset.append(f"{module.__name__}.{name}")
+                unset.append(f"{getattr(module, '__name__', module)!s}.{name}")
         _patched = False
-    derived = [f"{sub.__module__}.{sub.__qualname__}" for s in stand_ins for sub in s.__subclasses__()]
+    subclasses: list[type] = [sub for cls in stand_ins for sub in type.__subclasses__(cls)]  # type: ignore[var-annotated]
+    derived = [f"{sub.__module__}.{sub.__qualname__}" for sub in subclasses]
     if derived or unset:
         said = []
         if derived:
