@@ -176,7 +176,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.loading == "processes":
             return super()._get_iterator()   # torch's: its worker processes (its main process with 0 workers)
         if self.num_workers:
-            self.check_worker_number_rationality()   # as torch, for each new iterator (the same depth)
+            self.check_worker_number_rationality()   # as torch, for each new iterator
         it = _ThreadIter(self)
         self._position = it.position
         return it
