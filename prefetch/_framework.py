@@ -20,11 +20,20 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+from prefetch import _warn
 from prefetch._core import MAP_KEYS_UNCHECKED
 from prefetch._warn import warn_consumer
 from prefetch.loader import Loader, _Mapped
 
 __all__ = ["FrameworkLoader", "FrameworkMap", "warn_consumer"]
+
+
+def warn_at_user(message: str, category: type[Warning], *framework_dirs: str) -> None:
+    """A drop-in's warning at the user's line: past prefetch's frames and
+    the framework's own (its folders ``framework_dirs``), through which a
+    drop-in's methods are called (a constructor's ``super().__init__``,
+    ``__iter__``)."""
+    _warn.warn(message, category, past=framework_dirs)
 
 
 class _ThreadLoad:

@@ -21,15 +21,17 @@ _MACHINERY = frozenset(os.path.abspath(f) for f in (weakref.__file__,) if f)
 Location = tuple[str, int]
 
 
-def _is_ours(frame: types.FrameType) -> bool:
+def _is_ours(frame: types.FrameType, past: tuple[str, ...]) -> bool:
     name = os.path.abspath(frame.f_code.co_filename)
-    return name.startswith(_PACKAGE) or name in _MACHINERY
+    return name.startswith(_PACKAGE) or name in _MACHINERY or name.startswith(past)
 
 
-def user_frame() -> Optional[types.FrameType]:
-    """The innermost frame of the caller's stack that is not prefetch's own; None if there is none."""
+def user_frame(past: tuple[str, ...] = ()) -> Optional[types.FrameType]:
+    """The innermost frame of the caller's stack that is not prefetch's own
+    (nor in a folder of ``past``: a framework's code a drop-in is called
+    through); None if there is none."""
     frame: Optional[types.FrameType] = sys._getframe(1)
-    while frame is not None and _is_ours(frame):
+    while frame is not None and _is_ours(frame, past):
         frame = frame.f_back
     return frame
 
@@ -40,11 +42,12 @@ def user_location() -> Optional[Location]:
     return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
-def warn(message: str, category: type[Warning], at: Optional[Location] = None) -> None:
+def warn(message: str, category: type[Warning], at: Optional[Location] = None, past: tuple[str, ...] = ()) -> None:
     """Warn at ``at`` when given (where the object was created), else at the user's line on
-    the stack; with neither (a finalizer at exit), at the innermost frame there is."""
+    the stack (past the folders ``past`` too); with neither (a finalizer at exit), at the
+    innermost frame there is."""
     if at is None:
-        frame = user_frame()
+        frame = user_frame(past)
         if frame is None:
             warnings.warn(message, category, stacklevel=2)
             return

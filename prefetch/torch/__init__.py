@@ -6,16 +6,17 @@ point ``prefetch.adapters: torch``) the first time a batch holds a torch
 object or ``device=`` is a ``torch.device``, and importing it registers the
 Tensor and device types. Import it yourself for ``DataLoader``,
 ``StatefulDataLoader`` (torchdata's), ``get_worker_info`` and ``patch()`` (torch's ``DataLoader`` becomes this one
-for code that builds it: Accelerate, the Hugging Face ``Trainer``).
+for code that builds it: Accelerate, the Hugging Face ``Trainer``; ``original("DataLoader")`` is torch's own class
+still).
 """
 from prefetch.torch import _collate, _device, _tensor  # noqa: F401  (register their types)
 from prefetch.torch._dataloader import DataLoader, StatefulDataLoader, get_worker_info
 from prefetch.torch._device import CpuDelivery, CudaDelivery
-from prefetch.torch._patch import patch, unpatch
+from prefetch.torch._patch import original, patch, unpatch
 from prefetch.torch._tensor import copy_tensor
 
-__all__ = ["CpuDelivery", "CudaDelivery", "DataLoader", "StatefulDataLoader", "copy_tensor", "get_worker_info", "patch",
-           "unpatch"]
+__all__ = ["CpuDelivery", "CudaDelivery", "DataLoader", "StatefulDataLoader", "copy_tensor", "get_worker_info", "original",
+           "patch", "unpatch"]
 
 
 # The framework module whose objects this adapter handles: the core reads this line

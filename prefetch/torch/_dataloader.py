@@ -29,7 +29,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
-from prefetch._framework import FrameworkLoader
+from prefetch._framework import FrameworkLoader, warn_at_user
 from prefetch._options import MAX_EPOCH, check_int, check_num_workers
 from prefetch._resume import check_state, make_state
 from prefetch._types import ClosedError, Stats
@@ -38,7 +38,6 @@ from prefetch.torch._processes import (
     Choice,
     ProcessEpoch,
     Workers,
-    check_loading,
     rest_of,
     say,
     why_not_processes,
@@ -67,6 +66,18 @@ class _OneSample:
 
 
 _TORCH_INIT = inspect.signature(torch.utils.data.DataLoader.__init__)
+# torch's own frames, between a drop-in's warning and the user's line (its
+# constructor calls ours through super().__init__, its __iter__ our _get_iterator).
+_TORCH_DATA = os.path.dirname(os.path.abspath(torch.utils.data.__file__)) + os.sep
+LOADINGS = ("auto", "threads", "processes")   # where a drop-in loads: its loading= argument
+
+
+def _check_loading(value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"loading must be 'auto', 'threads' or 'processes' (a str), got {value!r} "
+                        f"({type(value).__name__})")
+    if value not in LOADINGS:
+        raise ValueError(f"loading must be 'auto', 'threads' or 'processes', got loading={value!r}")
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -93,6 +104,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ``prefetch.torch`` makes it ``prefetch.torch.get_worker_info``). One
     that ignores it yields every sample ``num_workers`` times, as with
     torch's processes.
+
+    ``loading`` (keyword only, not torch's) fixes where this loader loads:
+    ``"threads"``, ``"processes"`` (torch's own iterator and worker
+    processes, exactly as ``torch.utils.data.DataLoader``: ``stats()`` then
+    reads zero), or ``"auto"`` (the default: threads). ValueError for any
+    other value.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
@@ -142,8 +159,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     _resume: dict[str, Any] | None = None   # load_state_dict(): what the next iterator continues
     _position: _Position | None = None       # the iterator made last, as state_dict() reads it
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._choice = Choice(check_loading(kwargs.pop("loading", "auto")))   # where epochs load (_processes.py)
+    def __init__(self, *args: Any, loading: str = "auto", **kwargs: Any) -> None:
+        _check_loading(loading)
+        self.loading = loading   # before torch's __init__, whose worker-count check reads it
+        self._choice = Choice(loading)   # where its epochs load (_processes.py)
         try:
             given = _TORCH_INIT.bind(self, *args, **kwargs).arguments
         except TypeError:
@@ -152,18 +171,20 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             check_num_workers(given["num_workers"])
         super().__init__(*args, **kwargs)
         self._gil_noticed = [False]   # the iterators' GIL notice was given (see _ThreadIter)
-        self._ended_stats = [Stats()]   # stats() of the epoch ended last, set by its iterator
 
-    __init__.__signature__ = _TORCH_INIT  # type: ignore[attr-defined]  # torch's, for help() and IDEs
+    # torch's, and loading=, for help() and IDEs.
+    __init__.__signature__ = _TORCH_INIT.replace(  # type: ignore[attr-defined]
+        parameters=[*_TORCH_INIT.parameters.values(),
+                    inspect.Parameter("loading", inspect.Parameter.KEYWORD_ONLY, default="auto")])
 
 
     _closed = False   # close() ran: no epoch starts again
 
-    def _get_iterator(self) -> _ThreadIter:
+    def _get_iterator(self) -> Any:
         if self._closed:
             raise ClosedError("this DataLoader is closed")
         if self.num_workers:
-            self.check_worker_number_rationality()   # as torch, for each new iterator (the same depth)
+            self.check_worker_number_rationality()   # as torch, for each new iterator
         it = _ThreadIter(self)
         self._position = it.position
         return it
@@ -258,12 +279,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             it.close(closed=False)
         self._resume = copy.deepcopy(state)
 
-    def check_worker_number_rationality(self, stacklevel: int = 4) -> None:
+    def check_worker_number_rationality(self) -> None:
         """torch's warning when ``num_workers`` exceeds the CPUs this process
         may use (``torch._utils.cpu_count()``), said of threads: the same
         ``UserWarning``, with torch's wording but "worker threads". It points
-        at the user's line from torch's ``__init__`` (under this class's) and
-        from ``_get_iterator`` (under torch's ``__iter__``): 4 frames up."""
+        at the user's line, past torch's ``__init__`` and ``__iter__`` through
+        which it is called, from whichever constructor the user called."""
         if not self.num_workers:
             return
         cpus = torch._utils.cpu_count()
@@ -275,21 +296,22 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
             suggested = (f"Our suggested max number of worker in current system is {cpus}{cpuset}, which is "
                          "smaller than what this DataLoader is going to create.")
-        warnings.warn(f"This DataLoader will create {self.num_workers} worker threads in total. {suggested} "
-                      "Please be aware that excessive worker creation might get DataLoader running slow or "
-                      "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
-                      UserWarning, stacklevel=stacklevel)
+        workers = "processes" if self.loading == "processes" else "threads"
+        warn_at_user(f"This DataLoader will create {self.num_workers} worker {workers} in total. {suggested} "
+                     "Please be aware that excessive worker creation might get DataLoader running slow or "
+                     "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
+                     UserWarning, _TORCH_DATA)
 
     def stats(self) -> Stats:
         """The counters of the epoch begun last, as ``prefetch.Loader.stats()``
         gives them (a ``prefetch.Stats``: its batches, the threads' time inside
-        ``dataset[i]``, ``load_parallelism``...); all zero before the first epoch."""
+        ``dataset[i]``, ``load_parallelism``...), also once it ended, was left
+        with a ``break`` or closed; all zero before the first epoch."""
         position = self._position
-        if position is not None and position.running:
-            stats = position.source.stats()
-        else:
-            stats = self._ended_stats[0]
-        return stats if stats.loading or position is None else dataclasses.replace(stats, loading="threads")
+        if position is None:
+            return Stats()
+        stats = position.source.stats()   # a closed source keeps its figures
+        return stats if stats.loading else dataclasses.replace(stats, loading="threads")
 
     def close(self) -> None:
         """Stops its threads at once, persistent or not (idempotent): an
@@ -300,6 +322,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._iterator.close()
         if self._position is not None:   # the epoch begun last
             self._position.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickles is what torch's loader pickles (the dataset, the
+        samplers, the arguments) and a loaded state: not the threads of an
+        epoch begun, which stay in this process as torch's worker processes do."""
+        state = self.__dict__.copy()
+        state.pop("_position", None)
+        if isinstance(state.get("_iterator"), _ThreadIter):
+            state["_iterator"] = None
+        return state
 
     def __enter__(self) -> DataLoader:
         return self
@@ -455,16 +487,15 @@ class _ThreadIter:
 
     def __init__(self, loader: DataLoader) -> None:
         if loader.pin_memory and loader.pin_memory_device:
-            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the "
-                          f"device,ignore pin_memory_device='{loader.pin_memory_device}'.", stacklevel=3)
+            warn_at_user("pin_memory_device is deprecated, the current accelerator will be used as the "
+                         f"device,ignore pin_memory_device='{loader.pin_memory_device}'.", UserWarning, _TORCH_DATA)
         self._pin = loader.pin_memory and torch.accelerator.is_available()
         if loader.pin_memory and not self._pin:
-            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device "
-                          "pinned memory won't be used.", stacklevel=3)
+            warn_at_user("'pin_memory' argument is set as true but no accelerator is found, then device "
+                         "pinned memory won't be used.", UserWarning, _TORCH_DATA)
         accelerator = torch.accelerator.current_accelerator() if self._pin else None
         self._pin_device = accelerator.type if accelerator is not None else None
         self._timeout = loader.timeout
-        self._ended_stats = loader._ended_stats   # its stats() once it ends, for the DataLoader's
         self._dataset = loader.dataset
         self._index_sampler = loader._index_sampler
         self._iterable = isinstance(loader.dataset, IterableDataset)
@@ -674,7 +705,6 @@ class _ThreadIter:
     def _end(self, close: bool) -> None:
         """The epoch is over: tasks waiting for their turn return; threads go if ``close``."""
         self._done = True
-        self._ended_stats[0] = (self._processes or self._source).stats()
         if self._iterable:
             self._source.cancel()
         else:

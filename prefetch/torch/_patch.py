@@ -3,92 +3,156 @@ torchdata's ``StatefulDataLoader``) builds the drop-in instead, for the
 libraries and scripts that make loaders themselves (Accelerate's
 ``prepare()``, the Hugging Face ``Trainer``, Lightning's re-instantiation).
 
-The classes are replaced where they are defined and where torch exports
-them, and every name already bound to them in a module imported before the
-call (``from torch.utils.data import DataLoader`` at a library's import) is
-rebound too, so the order of imports does not matter. What takes a class's
-place is a stand-in: calling it builds the drop-in, and ``isinstance`` and
-``issubclass`` against it answer for the class it replaced too, so a
-library's ``isinstance(x, torch.utils.data.DataLoader)`` still recognises a
-loader made before the patch (Accelerate's ``prepare()`` checks so).
-``unpatch()`` puts back exactly what ``patch()`` replaced, names included.
+The classes are replaced where torch (torchdata) exports them, and so is
+every module-level name bound to them under their own name in a module
+imported before the call (``from torch.utils.data import DataLoader`` at a
+library's import), so the order of imports does not matter. Two bindings
+are kept: the class in the module that defines it
+(``torch.utils.data.dataloader.DataLoader``), where pickle looks a class up
+by its name, so torch's loaders made before the patch still pickle; and a
+name of another spelling (``TorchDL = torch.utils.data.DataLoader``), a
+user's way to keep torch's class. ``original(name)`` gives torch's class at
+any time.
+
+What takes a class's place is a stand-in: a subclass of the drop-in made
+once per class and named here (``prefetch.torch._patch.DataLoader``), so it
+and its loaders pickle by name in any process. Calling it builds the
+drop-in, and ``isinstance``/``issubclass`` against the stand-in itself also
+answer for the class it replaced, so a library's ``isinstance(x,
+torch.utils.data.DataLoader)`` still recognises a loader made before the
+patch (Accelerate's ``prepare()`` checks so). A class derived from the
+stand-in follows Python's rules, as any subclass.
 """
 from __future__ import annotations
 
 import importlib
-import sys
 import threading
+import warnings
 from typing import Any
 
-from prefetch.torch._dataloader import DataLoader, StatefulDataLoader
-from prefetch.torch._torch import torch
+from prefetch.torch._bindings import module_bindings
+from prefetch.torch._dataloader import DataLoader as _DropIn
+from prefetch.torch._dataloader import StatefulDataLoader as _StatefulDropIn
 
-_lock = threading.Lock()
-_replaced: list[tuple[Any, str, Any]] = []   # (module, name, what it held): what unpatch() restores
+# Where each class patch() replaces is defined (never rebound there), and the drop-in building it.
+_HOMES = {"DataLoader": ("torch.utils.data.dataloader", _DropIn),
+          "StatefulDataLoader": ("torchdata.stateful_dataloader.stateful_dataloader", _StatefulDropIn)}
+
+_lock = threading.RLock()   # _stand_in() also runs under it, from patch() and from an unpickling
+_patched = False
+
+
+def original(name: str = "DataLoader") -> type:
+    """torch's own class, patched or not: ``original("DataLoader")`` is
+    ``torch.utils.data.DataLoader`` as torch defines it (loading in worker
+    processes), ``original("StatefulDataLoader")`` torchdata's (ImportError
+    where torchdata is not installed)."""
+    if name not in _HOMES:
+        raise ValueError(f"original() gives 'DataLoader' or 'StatefulDataLoader', got name={name!r}")
+    return getattr(importlib.import_module(_HOMES[name][0]), name)  # type: ignore[no-any-return]
 
 
 class _StandIn(type):
     """The metaclass of what patch() puts in a class's place: the drop-in, for
-    which isinstance/issubclass also answer for the class replaced."""
+    which isinstance/issubclass also answer for the class replaced. A class
+    derived from a stand-in answers as any class does."""
 
     replaced: type
 
     def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, (cls.replaced, DataLoader))
+        if "replaced" in vars(cls):
+            return isinstance(obj, (cls.replaced, cls.__mro__[1]))
+        return type.__instancecheck__(cls, obj)
 
     def __subclasscheck__(cls, sub: type) -> bool:
-        return issubclass(sub, (cls.replaced, DataLoader))
+        if "replaced" in vars(cls):
+            return issubclass(sub, (cls.replaced, cls.__mro__[1]))
+        return type.__subclasscheck__(cls, sub)
 
 
-def _stand_in(original: type) -> type:
-    """A subclass of the drop-in, named as ``original``, standing in for it."""
-    base = StatefulDataLoader if original.__name__ == "StatefulDataLoader" else DataLoader
-    cls = _StandIn(original.__name__, (base,), {"__module__": base.__module__,
-                                                 "__qualname__": original.__qualname__,
-                                                 "__doc__": base.__doc__})
-    cls.replaced = original
-    return cls
+def _stand_in(name: str) -> type:
+    """The stand-in for torch's (torchdata's) class ``name``: made on first
+    use and kept as this module's attribute ``name``, where pickle finds it."""
+    with _lock:
+        made = globals().get(name)
+        if made is None:
+            drop_in = _HOMES[name][1]
+            made = _StandIn(name, (drop_in,), {"__module__": __name__, "__qualname__": name,
+                                               "__doc__": drop_in.__doc__})
+            made.replaced = original(name)
+            globals()[name] = made
+        return made
 
 
-def _originals() -> list[type]:
+def __getattr__(name: str) -> type:
+    # A stand-in unpickled in a process that has not patched (a spawned worker).
+    if name in _HOMES:
+        return _stand_in(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _installed() -> list[str]:
     """The classes patch() replaces: torch's DataLoader, torchdata's StatefulDataLoader if installed."""
-    found: list[type] = [torch.utils.data.DataLoader]
+    names = ["DataLoader"]
     try:
-        found.append(importlib.import_module("torchdata.stateful_dataloader").StatefulDataLoader)
+        original("StatefulDataLoader")
+        names.append("StatefulDataLoader")
     except ImportError:
         pass
-    return found
+    return names
 
 
 def patch() -> type:
     """From now on, code that builds ``torch.utils.data.DataLoader`` (or
     torchdata's ``StatefulDataLoader``) builds ``prefetch.torch.DataLoader``:
     loading on threads of this process. Modules that imported the class
-    before this call see the drop-in too. Calling it again changes nothing;
-    ``unpatch()`` restores torch's (and torchdata's) classes. Arguments the
-    drop-in does not accept fail in that call, naming them: never a silent
-    fall-back to processes."""
+    under its own name before this call see the drop-in too. Calling it again
+    changes nothing; ``unpatch()`` restores torch's (and torchdata's)
+    classes. Arguments the drop-in does not accept fail in that call, naming
+    them: never a silent fall-back to processes.
+
+    torch's own class stays reachable: ``prefetch.torch.original("DataLoader")``
+    (and ``original("StatefulDataLoader")``), a name of another spelling
+    kept before the call (``TorchDL = torch.utils.data.DataLoader``: never
+    rebound), or, per loader, the drop-in's ``loading="processes"``.
+    Returns the stand-in now at ``torch.utils.data.DataLoader``."""
+    global _patched
     with _lock:
-        if not _replaced:
-            stand_ins = {id(cls): _stand_in(cls) for cls in _originals()}
-            # Where torch and torchdata keep them, and names bound to them
-            # elsewhere before this call (a library's own import).
-            for module in list(sys.modules.values()):
-                space = getattr(module, "__dict__", None)
-                if not isinstance(space, dict) or str(getattr(module, "__name__", "")).startswith("prefetch"):
-                    continue
-                for name, value in list(space.items()):
-                    if id(value) in stand_ins and isinstance(value, type):
-                        _replaced.append((module, name, value))
-                        setattr(module, name, stand_ins[id(value)])
-        return torch.utils.data.DataLoader  # type: ignore[no-any-return]
+        if not _patched:
+            stand_ins = {original(name): _stand_in(name) for name in _installed()}
+            for module, name, value in module_bindings(*stand_ins):
+                if name == value.__name__ and getattr(module, "__name__", None) != value.__module__:
+                    setattr(module, name, stand_ins[value])
+            _patched = True
+        return _stand_in("DataLoader")
 
 
 def unpatch() -> None:
-    """Undo ``patch()``: every name it rebound holds what it held before
-    (unless something else rebound it since). A no-op when not patched."""
+    """Undo ``patch()``: every module-level name that holds a stand-in (those
+    ``patch()`` rebound, and those imported while patched) holds torch's
+    (torchdata's) class again. A no-op when not patched. What it cannot undo
+    it says, in a ``UserWarning``: classes defined while patched that derive
+    from the stand-in (they still build the drop-in), and names it could not
+    set. Loaders already built stay what they are."""
+    global _patched
     with _lock:
-        while _replaced:
-            module, name, was = _replaced.pop()
-            if type(getattr(module, name, None)) is _StandIn:
-                setattr(module, name, was)
+        if not _patched:
+            return
+        stand_ins = [_stand_in(name) for name in _installed()]
+        unset: list[str] = []
+        for module, name, value in module_bindings(*stand_ins):
+            try:
+                setattr(module, name, value.replaced)
+            except (AttributeError, TypeError):
+                unset.append(f"{getattr(module, '__name__', module)!s}.{name}")
+        _patched = False
+    subclasses: list[type] = [sub for cls in stand_ins for sub in type.__subclasses__(cls)]  # type: ignore[var-annotated]
+    derived = [f"{sub.__module__}.{sub.__qualname__}" for sub in subclasses]
+    if derived or unset:
+        said = []
+        if derived:
+            said.append(f"{', '.join(derived)}, defined while patched, derive from the stand-in and still "
+                        "build prefetch.torch's drop-in (define them again to derive from torch's class)")
+        if unset:
+            said.append(f"{', '.join(unset)} could not be set back to torch's class")
+        warnings.warn(f"unpatch(): {'; '.join(said)}", UserWarning, stacklevel=2)

@@ -42,16 +42,6 @@ from prefetch._framework import warn_consumer
 from prefetch.torch._sampler import decode_generator
 from prefetch.torch._torch import torch
 
-LOADINGS = ("auto", "threads", "processes")
-
-
-def check_loading(value: Any) -> str:
-    """``loading=`` as given, or ValueError naming it."""
-    if not isinstance(value, str) or value not in LOADINGS:
-        raise ValueError(f"loading= must be one of 'auto', 'threads' or 'processes', got loading={value!r}")
-    return value
-
-
 class Choice:
     """One DataLoader's: its ``loading=``, and whether its epochs now load in processes."""
 

@@ -17,6 +17,7 @@ import numpy as np
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
 from prefetch._replica import replica
+from prefetch.torch._bindings import module_bindings
 from prefetch.torch._torch import torch
 
 _local = threading.local()   # .info on the threads of our loaders (None when num_workers=0); .replica
@@ -39,8 +40,12 @@ def get_worker_info() -> WorkerInfo | None:
     worker processes, that worker's).
 
     Importing ``prefetch.torch`` makes ``torch.utils.data.get_worker_info``
-    this function, so a library that shards a stream by it (Hugging Face
-    ``datasets``, webdataset) sees its worker in these threads too.
+    this function, and every module-level name bound to torch's before
+    (``from torch.utils.data import get_worker_info`` run earlier), so a
+    library that shards a stream by it (Hugging Face ``datasets``,
+    webdataset) sees its worker in these threads too. Not reached: torch's
+    function kept before that import elsewhere than in a module's namespace
+    (an object's attribute, a closure).
     """
     try:
         info = _local.info
@@ -57,13 +62,19 @@ _COLLATE = "torch.utils.data._utils.collate"
 
 
 def _answer_in_threads() -> None:
-    """torch's get_worker_info, wherever a torch module holds it by name,
-    replaced by the one above (which falls back to it): torch's worker
-    processes set a process-wide value that threads cannot share."""
-    for name, module in list(sys.modules.items()):
-        if (name == "torch" or name.startswith("torch.")) and \
-                getattr(module, "get_worker_info", None) is _torch_get_worker_info:
-            module.get_worker_info = get_worker_info  # type: ignore[attr-defined]
+    """torch's get_worker_info, under whatever name a loaded module holds it
+    (torch's own modules, and a user's or a library's ``from
+    torch.utils.data import get_worker_info`` run before this import),
+    replaced by the one above, which falls back to it. Modules imported later
+    read it from torch's modules, which hold this one by then.
+
+    Rebinding the names is the one way that works: torch's function returns
+    its module's global ``_worker_info``, one value for the whole process,
+    read by a plain dictionary lookup that no object can make answer per
+    thread (and ``get_worker_info() is None`` cannot be answered by a proxy),
+    while its ``__code__`` is torch's own to keep."""
+    for module, name, _ in module_bindings(_torch_get_worker_info):
+        setattr(module, name, get_worker_info)
 
 
 _answer_in_threads()

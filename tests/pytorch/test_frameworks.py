@@ -51,11 +51,12 @@ def test_patch_replaces_torchs_class_everywhere_and_unpatch_restores_each_name_a
     """Target: patch() then unpatch() leaves torch's and torchdata's classes as
     they were (identity), also when each is called twice; a module that
     imported the class before patch() sees the drop-in (import order does not
-    matter) and gets its own name back after."""
+    matter) and gets its own name back after. The module defining the class
+    keeps it (pickle finds torch's class there by name)."""
     import torch.utils.data.dataloader as home
     original = torch.utils.data.DataLoader
     early = types.ModuleType("imported_before_patch")   # `from torch.utils.data import DataLoader`
-    early.Loader = original
+    early.DataLoader = original
     sys.modules[early.__name__] = early
     try:
         stateful = pytest.importorskip("torchdata.stateful_dataloader")
@@ -63,8 +64,8 @@ def test_patch_replaces_torchs_class_everywhere_and_unpatch_restores_each_name_a
         before = original(list(range(4)), batch_size=2)   # a loader made before the patch
         stand_in = prefetch.torch.patch()
         assert prefetch.torch.patch() is stand_in      # twice: no double wrapping
-        assert torch.utils.data.DataLoader is stand_in and home.DataLoader is stand_in
-        assert early.Loader is stand_in
+        assert torch.utils.data.DataLoader is stand_in and home.DataLoader is original
+        assert early.DataLoader is stand_in
         assert stateful.StatefulDataLoader is not torchdata_original
         for cls in (stand_in, stateful.StatefulDataLoader):
             made = cls(list(range(6)), batch_size=3, num_workers=2)
@@ -77,7 +78,7 @@ def test_patch_replaces_torchs_class_everywhere_and_unpatch_restores_each_name_a
         prefetch.torch.unpatch()
         prefetch.torch.unpatch()                       # twice: a no-op
         assert torch.utils.data.DataLoader is original and home.DataLoader is original
-        assert early.Loader is original and stateful.StatefulDataLoader is torchdata_original
+        assert early.DataLoader is original and stateful.StatefulDataLoader is torchdata_original
     finally:
         prefetch.torch.unpatch()
         del sys.modules[early.__name__]

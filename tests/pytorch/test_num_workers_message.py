@@ -36,8 +36,11 @@ def test_negative_num_workers_keeps_torchs_message():
     assert str(ours.value) == str(theirs.value)
 
 
-def test_the_signature_is_torchs():
-    assert inspect.signature(DataLoader) == inspect.signature(torch.utils.data.DataLoader)
+def test_the_signature_is_torchs_and_loading():
+    ours, theirs = inspect.signature(DataLoader), inspect.signature(torch.utils.data.DataLoader)
+    *same, loading = ours.parameters.values()
+    assert same == list(theirs.parameters.values()) and ours.return_annotation == theirs.return_annotation
+    assert (loading.name, loading.kind, loading.default) == ("loading", inspect.Parameter.KEYWORD_ONLY, "auto")
 
 
 def test_a_valid_num_workers_loads_as_before():

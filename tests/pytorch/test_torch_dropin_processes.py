@@ -206,9 +206,3 @@ def test_a_switched_loader_closed_or_dropped_mid_epoch_leaves_no_process(gil_bou
     for p in children():
         p.wait(timeout=30)
     assert children() == []
-
-
-@pytest.mark.parametrize("bad", ["fork", "Threads", None, 1])
-def test_loading_must_be_auto_threads_or_processes(bad):
-    with pytest.raises(ValueError, match=r"loading=.*" + repr(bad).replace("(", r"\(")):
-        DataLoader(list(range(8)), loading=bad)
