@@ -1,6 +1,9 @@
-"""The seams a framework's drop-in stands on (in the adapter folders): what
-the drop-ins share, so each fix lands once, and everything they may ask of
-the Loader. A drop-in translates its framework's arguments, supplies the
+"""The one seam a framework's drop-in (an adapter folder: prefetch/torch,
+prefetch/mx) stands on: everything a drop-in may use of the core is exported
+here (``__all__``; the compiled parts a drop-in's Cython cimports, in
+``_framework.pxd``), and a drop-in imports nothing else of the core
+(tests/core/test_framework_seam.py). What the drop-ins share is here too,
+so each fix lands once. A drop-in translates its framework's arguments, supplies the
 framework's sampler and worker idioms and its state's framework parts;
 everything else is the Loader's. It reads no private attribute of the
 Loader's objects: what it needs is declared here or on the epoch iterator
@@ -20,8 +23,25 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from prefetch._core import MAP_KEYS_UNCHECKED
-from prefetch.loader import Loader, _Mapped
+from prefetch._core import MAP_KEYS_UNCHECKED, set_sample_index
+from prefetch._options import MAX_EPOCH, Options, check_int, check_num_workers
+from prefetch._replica import replica
+from prefetch._resume import check_fits, check_state, make_state
+from prefetch._types import ClosedError, Stats
+from prefetch.adapters import (
+    register_collate,
+    register_container,
+    register_device,
+    register_leaf,
+    register_thread_state,
+)
+from prefetch.iterator import Prefetcher
+from prefetch.loader import Loader, _Mapped, ints
+
+__all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "FrameworkMap", "Options", "Prefetcher", "Stats",
+           "check_fits", "check_int", "check_num_workers", "check_state", "ints", "make_state",
+           "register_collate", "register_container", "register_device", "register_leaf",
+           "register_thread_state", "replica", "set_sample_index"]
 
 
 class _ThreadLoad:

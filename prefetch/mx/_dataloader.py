@@ -23,10 +23,7 @@ import types
 
 import numpy as np
 
-from prefetch._framework import FrameworkLoader
-from prefetch._replica import replica
-from prefetch._resume import check_fits, check_state
-from prefetch._types import ClosedError, Stats
+from prefetch._framework import ClosedError, FrameworkLoader, Stats, check_fits, check_state, replica
 from prefetch.mx._mxnet import mx
 
 _gluon_data = mx.gluon.data

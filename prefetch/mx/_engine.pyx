@@ -24,7 +24,7 @@ from libc.string cimport memcpy
 
 cimport numpy as cnp
 
-from prefetch._core cimport CopyPlan, pf_block, put_block, take_block
+from prefetch._framework cimport CopyPlan, pf_block, put_block, take_block
 
 import ctypes
 

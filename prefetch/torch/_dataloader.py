@@ -28,10 +28,16 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
-from prefetch._framework import FrameworkLoader
-from prefetch._options import MAX_EPOCH, check_int, check_num_workers
-from prefetch._resume import check_state, make_state
-from prefetch._types import ClosedError, Stats
+from prefetch._framework import (
+    MAX_EPOCH,
+    ClosedError,
+    FrameworkLoader,
+    Stats,
+    check_int,
+    check_num_workers,
+    check_state,
+    make_state,
+)
 from prefetch.torch._device import PinnedHost
 from prefetch.torch._sampler import _Batches, _generators, decode_generator, drawing_from, encode_generator
 from prefetch.torch._shards import NOTHING, ShardMap, fresh_part, stateful

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Optional
 
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from prefetch.loader import ints
+from prefetch._framework import ints
 from prefetch.torch._torch import torch
 
 

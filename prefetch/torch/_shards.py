@@ -29,11 +29,7 @@ import functools
 import threading
 from typing import Any
 
-from prefetch._core import set_sample_index
-from prefetch._framework import FrameworkMap
-from prefetch._replica import replica
-from prefetch._resume import check_state, make_state
-from prefetch._types import Stats
+from prefetch._framework import FrameworkMap, Stats, check_state, make_state, replica, set_sample_index
 from prefetch.torch._worker import DATASETS, _local, worker_info
 
 NOTHING = object()   # a task that made no batch: its worker had ended, or the epoch was cancelled

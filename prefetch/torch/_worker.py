@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
-from prefetch._replica import replica
+from prefetch._framework import replica
 from prefetch.torch._torch import torch
 
 _local = threading.local()   # .info on the threads of our loaders (None when num_workers=0); .replica
