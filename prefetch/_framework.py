@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from prefetch._core import MAP_KEYS_UNCHECKED, set_sample_index
 from prefetch._options import MAX_EPOCH, Options, check_int, check_num_workers
 from prefetch._replica import replica
-from prefetch._resume import check_fits, check_state, make_state
+from prefetch._resume import _Resume, check_fits, check_state, make_state, order_part, try_state
 from prefetch._types import ClosedError, Stats
 from prefetch.adapters import (
     register_collate,
@@ -40,8 +40,8 @@ from prefetch.loader import Loader, _Mapped, ints
 
 __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "FrameworkMap", "Options", "Prefetcher", "Stats",
            "check_fits", "check_int", "check_num_workers", "check_state", "ints", "make_state",
-           "register_collate", "register_container", "register_device", "register_leaf",
-           "register_thread_state", "replica", "set_sample_index"]
+           "order_part", "register_collate", "register_container", "register_device", "register_leaf",
+           "register_thread_state", "replica", "set_sample_index", "try_state"]
 
 
 class _ThreadLoad:
@@ -78,14 +78,18 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     own bounds only). ``go_on``: a batch whose sample or collate raised is
     that batch's error and the epoch goes on, as some frameworks' loaders
     do. ``gil_noticed``: the GIL warning was given already (by this
-    drop-in's loader of an earlier epoch): it is not given again."""
+    drop-in's loader of an earlier epoch): it is not given again.
+    ``framework``: the drop-in's part of the resume state; ``order``: what
+    decides its order there (``order_part`` of the framework's samplers)."""
 
-    def __init__(self, dataset: Any, *, remedy: str, per_thread: Optional[Callable[[Any, int], Any]] = None,
+    def __init__(self, dataset: Any, *, remedy: str, order: dict[str, Any],
+                 per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
                  framework: Optional[dict[str, Any]] = None, said_batch_size: Any = _OWN, **kwargs: Any) -> None:
         self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
                            per_thread=None if per_thread is None else _ThreadLoad(per_thread, dataset))
         self._framework = framework
+        self._order_given = order
         super().__init__(dataset, **kwargs)
         if said_batch_size is not _OWN:
             # The framework's batch size (its batch sampler makes the
@@ -103,6 +107,16 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
     def _framework_name(self) -> Optional[str]:
         return None if self._framework is None else self._framework["name"]
+
+    def _order_part(self) -> dict[str, Any]:
+        return self._order_given
+
+    def load_checked(self, resume: _Resume, seed: int) -> None:
+        """Continue where a state was taken that the drop-in's
+        ``load_state_dict`` checked (``check_state`` with this loader's
+        fields, its sampler and framework parts by their owners): it is not
+        checked again."""
+        self._load_checked(resume, seed)
 
     @property
     def gil_noticed(self) -> bool:
