@@ -300,7 +300,7 @@ def test_a_stateful_loader_accepts_snapshot_every_n_steps_and_checks_it():
         StatefulDataLoader(Squares(), snapshot_every_n_steps=-1)
 
 
-# -- one check, at load; the order's parts recorded (SPEC §9 Resume, issue 43) -----
+# -- one check, at load; the order's parts recorded (SPEC §9 Resume) ---------------
 
 def test_a_shuffled_runs_state_is_refused_by_an_unshuffled_loader():
     """Else the resumed run skips batches the saved run never delivered."""
