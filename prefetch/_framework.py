@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from prefetch._core import MAP_KEYS_UNCHECKED, set_sample_index
 from prefetch._options import MAX_EPOCH, Options, check_int, check_num_workers
 from prefetch._replica import replica
-from prefetch._resume import _Resume, check_fits, check_state, make_state, order_part, try_state
+from prefetch._resume import _Resume, check_state, make_state, order_part, try_state
 from prefetch._types import ClosedError, Stats
 from prefetch.adapters import (
     register_collate,
@@ -39,7 +39,7 @@ from prefetch.iterator import Prefetcher
 from prefetch.loader import Loader, _Mapped, ints
 
 __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "FrameworkMap", "Options", "Prefetcher", "Stats",
-           "check_fits", "check_int", "check_num_workers", "check_state", "ints", "make_state",
+           "check_int", "check_num_workers", "check_state", "ints", "make_state",
            "order_part", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "set_sample_index", "try_state"]
 

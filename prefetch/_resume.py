@@ -151,19 +151,6 @@ def _skipping(batches: Iterator[list[Any]], resume: _Resume, numbers: list[int])
         yield keys
 
 
-def check_fits(owner: str, saved_length: Any, saved_batch_size: Any, dataset_length: Optional[int],
-               batch_size: Any) -> None:
-    """ValueError where a state saved for a dataset of ``saved_length`` with
-    ``saved_batch_size`` does not fit ``owner`` ("loader", "DataLoader"): the
-    one check of the Loader's state and the drop-ins' framework parts."""
-    if saved_length is not None and saved_length != dataset_length:
-        raise ValueError(f"state was saved for a dataset of length {saved_length!r}; this {owner}'s "
-                         f"has length {dataset_length}")
-    if saved_batch_size != batch_size:
-        raise ValueError(f"state was saved with batch_size={saved_batch_size!r}; this {owner} has "
-                         f"batch_size={batch_size!r}")
-
-
 def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, order: dict[str, Any],
                 seed: Optional[int], batches_per_epoch: int, sampler_has_state: bool,
                 framework: Optional[str] = None, workers: Optional[int] = None,
@@ -200,7 +187,13 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
     stream, saved_stream = dataset_length is None, state["dataset_length"] is None
     if stream != saved_stream:
         raise ValueError(f"state was saved for {_kind(saved_stream)}; this {owner}'s dataset is {_kind(stream)}")
-    check_fits(owner, state["dataset_length"], state["batch_size"], dataset_length, batch_size)
+    saved_length, saved_batch_size = state["dataset_length"], state["batch_size"]
+    if saved_length is not None and saved_length != dataset_length:
+        raise ValueError(f"state was saved for a dataset of length {saved_length!r}; this {owner}'s "
+                         f"has length {dataset_length}")
+    if saved_batch_size != batch_size:
+        raise ValueError(f"state was saved with batch_size={saved_batch_size!r}; this {owner} has "
+                         f"batch_size={batch_size!r}")
     _check_order(state["order"], order, owner)
     try:
         seed = check_int("seed", state["seed"], 0, MAX_SEED)
@@ -240,12 +233,9 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
 def _check_order(saved: Any, order: dict[str, Any], owner: str) -> None:
     if not isinstance(saved, dict) or sorted(saved) != sorted(_ORDER_KEYS):
         raise ValueError(f"state has a bad order part (truncated or edited?): {saved!r:.200}")
-    if saved["shuffle"] != order["shuffle"]:
-        raise ValueError(f"state was saved with shuffle={saved['shuffle']!r}; this {owner} has "
-                         f"shuffle={order['shuffle']!r}")
-    for key in ("sampler", "batch_sampler"):
+    for key in _ORDER_KEYS:
         if saved[key] != order[key]:
-            raise ValueError(f"state was saved with {key} {saved[key]!r}; this {owner}'s is {order[key]!r}")
+            raise ValueError(f"state was saved with {key}={saved[key]!r}; this {owner} has {key}={order[key]!r}")
 
 
 def _owner(framework: Optional[str]) -> str:

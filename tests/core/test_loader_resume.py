@@ -518,7 +518,7 @@ def state_after_one_batch(**kw):
 @pytest.mark.parametrize("saved, loading, message", [
     (dict(shuffle=True), dict(), "shuffle=True; this loader has shuffle=False"),
     (dict(), dict(shuffle=True), "shuffle=False; this loader has shuffle=True"),
-    (dict(), dict(sampler=range(20)), "sampler None; this loader's is 'builtins.range'"),
+    (dict(), dict(sampler=range(20)), "sampler=None; this loader has sampler='builtins.range'"),
 ])
 def test_a_state_of_another_order_is_refused_naming_the_difference(saved, loading, message):
     """A shuffled run's state would resume an unshuffled loader by skipping
