@@ -58,7 +58,7 @@ def try_state(holder: Any, saved: Any) -> None:
     """ValueError where ``holder`` (a sampler) refuses ``saved`` in its
     ``load_state_dict``. The holder's own state is put back either way: a
     check changes nothing, and the epoch the state resumes loads it."""
-    own = holder.state_dict()
+    own = copy.deepcopy(holder.state_dict())   # not a view of what the load below changes
     try:
         holder.load_state_dict(copy.deepcopy(saved))
     except Exception as exc:
