@@ -1,5 +1,6 @@
 # Declarations for the compiled core: the C in csrc/ (no Python there) and the
-# layouts of the cdef classes of _core.pyx and the .pxi files it includes.
+# layouts of the cdef classes of _core.pyx and the .pxi files it includes
+# (all but _tree.pxi's _Layout, declared where it is defined).
 # Every extern is nogil so it can be called inside `with nogil`.
 cimport cython
 cimport numpy as cnp
@@ -149,7 +150,7 @@ cdef class _Stage:
 
 
 # -- the stages' parts (_errors, _collate, _batchcopy, _fetch, _assemble,
-# _gauge, _epoch_batches, _tune, _threads, _map .pxi): every layout here, the
+# _gauge, _epoch_batches, _tune, _threads, _map .pxi): their layouts here, the
 # behaviour in the .pxi files.
 
 cdef enum:

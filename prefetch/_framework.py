@@ -1,6 +1,9 @@
-"""The seams a framework's drop-in stands on (in the adapter folders): what
-the drop-ins share, so each fix lands once, and everything they may ask of
-the Loader. A drop-in translates its framework's arguments, supplies the
+"""The one seam a framework's drop-in (an adapter folder: prefetch/torch,
+prefetch/mx) stands on: everything a drop-in may use of the core is exported
+here (``__all__``; the compiled parts a drop-in's Cython cimports, in
+``_framework.pxd``), and a drop-in imports nothing else of the core
+(tests/core/test_framework_seam.py). What the drop-ins share is here too,
+so each fix lands once. A drop-in translates its framework's arguments, supplies the
 framework's sampler and worker idioms and its state's framework parts;
 everything else is the Loader's. It reads no private attribute of the
 Loader's objects: what it needs is declared here or on the epoch iterator
@@ -21,11 +24,26 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from prefetch import _warn
-from prefetch._core import MAP_KEYS_UNCHECKED
+from prefetch._core import MAP_KEYS_UNCHECKED, set_sample_index
+from prefetch._options import MAX_EPOCH, Options, check_int, check_num_workers
+from prefetch._replica import replica
+from prefetch._resume import _Resume, check_state, make_state, order_part, try_state
+from prefetch._types import ClosedError, GILBoundWarning, Stats
 from prefetch._warn import warn_consumer
-from prefetch.loader import Loader, _Mapped
+from prefetch.adapters import (
+    register_collate,
+    register_container,
+    register_device,
+    register_leaf,
+    register_thread_state,
+)
+from prefetch.iterator import Prefetcher
+from prefetch.loader import Loader, _Mapped, ints
 
-__all__ = ["FrameworkLoader", "FrameworkMap", "warn_consumer"]
+__all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "FrameworkMap", "GILBoundWarning", "Options",
+           "Prefetcher", "Stats", "check_int", "check_num_workers", "check_state", "ints", "make_state",
+           "order_part", "register_collate", "register_container", "register_device", "register_leaf",
+           "register_thread_state", "replica", "set_sample_index", "try_state", "warn_at_user", "warn_consumer"]
 
 
 def warn_at_user(message: str, category: type[Warning], *framework_dirs: str) -> None:
@@ -73,9 +91,12 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     drop-in's loader of an earlier epoch): it is not given again.
     ``on_notice``: the GIL warning (a ``GILBoundWarning``, with its measured
     figures) is passed to it, on the consumer's thread as a batch is taken,
-    instead of being raised: a drop-in that acts on it says what it did."""
+    instead of being raised: a drop-in that acts on it says what it did.
+    ``framework``: the drop-in's part of the resume state; ``order``: what
+    decides its order there (``order_part`` of the framework's samplers)."""
 
-    def __init__(self, dataset: Any, *, remedy: str, per_thread: Optional[Callable[[Any, int], Any]] = None,
+    def __init__(self, dataset: Any, *, remedy: str, order: dict[str, Any],
+                 per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
                  on_notice: Optional[Callable[[Warning], None]] = None,
                  framework: Optional[dict[str, Any]] = None, said_batch_size: Any = _OWN, **kwargs: Any) -> None:
@@ -83,6 +104,7 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
                            on_notice=on_notice,
                            per_thread=None if per_thread is None else _ThreadLoad(per_thread, dataset))
         self._framework = framework
+        self._order_given = order
         super().__init__(dataset, **kwargs)
         if said_batch_size is not _OWN:
             # The framework's batch size (its batch sampler makes the
@@ -100,6 +122,16 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
     def _framework_name(self) -> Optional[str]:
         return None if self._framework is None else self._framework["name"]
+
+    def _order_part(self) -> dict[str, Any]:
+        return self._order_given
+
+    def load_checked(self, resume: _Resume, seed: int) -> None:
+        """Continue where a state was taken that the drop-in's
+        ``load_state_dict`` checked (``check_state`` with this loader's
+        fields, its sampler and framework parts by their owners): it is not
+        checked again."""
+        self._load_checked(resume, seed)
 
     @property
     def gil_noticed(self) -> bool:

@@ -1,6 +1,6 @@
 """What ``Prefetcher`` and ``Loader`` share as objects: epochs of a compiled
 ``_Core``, the finalizer, the unclosed-resource warning, ``close()``,
-``with``, ``stats()``, ``repr`` and the refusal to be pickled.
+``with``, ``stats()`` and the refusal to be pickled (each ``repr`` is its class's own).
 
 Worker threads reference only the inner ``_Core`` (and a loader's stage),
 never these objects, so dropping the last reference to one runs its

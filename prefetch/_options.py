@@ -20,7 +20,9 @@ MAX_DEPTH = 1 << 20
 MAX_WORKERS = 1024   # threads (a framework's loader may ask for 1000 workers and only be warned)
 MAX_BYTES = (1 << 63) - 1
 MAX_SEED = (1 << 128) - 1
-MAX_EPOCH = (1 << 63) - 1
+# Epochs are counted in a Py_ssize_t and a loader numbers the epoch after the
+# one it starts: from any epoch it is given, 2**62 epochs can still be run.
+MAX_EPOCH = (1 << 62) - 1
 MAX_BATCH_SIZE = 1 << 62
 COPY_MODES = ("auto", "always")
 # workers="auto" grows past the CPUs only while they stay idle (I/O-like

@@ -6,6 +6,7 @@ and the delivered ones dropped, give exactly the batches that come next.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
@@ -16,22 +17,54 @@ if TYPE_CHECKING:
     from prefetch._core import _Core, _MapEpoch
 
 STATE_FORMAT = "prefetch.Loader"
-STATE_VERSION = 2
+STATE_VERSION = 3
+# "batches": the batches of "epoch" delivered (in every part that counts them).
+# "batch_size": the samples per batch the user asked for (None: each sample its own).
+# "order": what decides the epoch's order besides the seed, the epoch and the
+# sampler's own state (order_part). "sampler": the sampler's own state, or the
+# drop-in's sampler side (the generators its order is drawn from).
 # "streams": None for a map-style dataset; for a stream (an IterableDataset
 # in a drop-in), each worker's part and the worker whose batch is due next.
 # "framework": None for the Loader; a drop-in's parts, under its framework's name.
 _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", "dataset_length",
-               "batch_size", "sampler", "streams", "framework")
+               "batch_size", "order", "sampler", "streams", "framework")
+_ORDER_KEYS = ("shuffle", "sampler", "batch_sampler")
+
+
+def order_part(shuffle: bool, sampler: Any, batch_sampler: Any) -> dict[str, Any]:
+    """What decides an epoch's order besides the seed, the epoch and the
+    samplers' states: shuffled or not, and the kinds (qualified class names)
+    of the sampler and the batch sampler (None: the loader's own)."""
+    return {"shuffle": bool(shuffle), "sampler": _kind_name(sampler), "batch_sampler": _kind_name(batch_sampler)}
+
+
+def _kind_name(obj: Any) -> Optional[str]:
+    return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def make_state(*, seed: int, epoch: int, prefix: int, extras: list[int], dataset_length: Optional[int],
-               batch_size: Any, sampler: Any, streams: Any = None, framework: Any = None) -> dict[str, Any]:
+               batch_size: Any, order: dict[str, Any], sampler: Any, streams: Any = None,
+               framework: Any = None) -> dict[str, Any]:
     """The one resume format, for the Loader and every drop-in: ``prefix``
     batches of ``epoch`` delivered and those numbered in ``extras`` (out of
     order) besides; ``dataset_length`` None for a stream."""
     return {"format": STATE_FORMAT, "version": STATE_VERSION, "seed": seed, "epoch": epoch,
             "batches": prefix + len(extras), "out_of_order": list(extras), "dataset_length": dataset_length,
-            "batch_size": batch_size, "sampler": sampler, "streams": streams, "framework": framework}
+            "batch_size": batch_size, "order": order, "sampler": sampler, "streams": streams,
+            "framework": framework}
+
+
+def try_state(holder: Any, saved: Any) -> None:
+    """ValueError where ``holder`` (a sampler) refuses ``saved`` in its
+    ``load_state_dict``. The holder's own state is put back either way: a
+    check changes nothing, and the epoch the state resumes loads it."""
+    own = copy.deepcopy(holder.state_dict())   # not a view of what the load below changes
+    try:
+        holder.load_state_dict(copy.deepcopy(saved))
+    except Exception as exc:
+        raise ValueError(f"{type(holder).__name__}.load_state_dict refused its state: {exc!r}") from None
+    finally:
+        holder.load_state_dict(own)
 
 
 class _Resume:
@@ -118,29 +151,19 @@ def _skipping(batches: Iterator[list[Any]], resume: _Resume, numbers: list[int])
         yield keys
 
 
-def check_fits(owner: str, saved_length: Any, saved_batch_size: Any, dataset_length: Optional[int],
-               batch_size: Any) -> None:
-    """ValueError where a state saved for a dataset of ``saved_length`` with
-    ``saved_batch_size`` does not fit ``owner`` ("loader", "DataLoader"): the
-    one check of the Loader's state and the drop-ins' framework parts."""
-    if saved_length is not None and saved_length != dataset_length:
-        raise ValueError(f"state was saved for a dataset of length {saved_length!r}; this {owner}'s "
-                         f"has length {dataset_length}")
-    if saved_batch_size != batch_size:
-        raise ValueError(f"state was saved with batch_size={saved_batch_size!r}; this {owner} has "
-                         f"batch_size={batch_size!r}")
-
-
-def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, seed: Optional[int],
-                batches_per_epoch: int, sampler_has_state: bool, framework: Optional[str] = None,
-                workers: Optional[int] = None, owner: str = "loader") -> tuple[_Resume, int]:
-    """The resume ``state`` (from ``state_dict()``) describes, and its seed;
-    ValueError for one that does not fit a loader over a dataset of
-    ``dataset_length`` (None: a stream, whose state has one part per worker
-    of its ``workers``) with ``batch_size``, its own ``seed`` (None: any),
+def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, order: dict[str, Any],
+                seed: Optional[int], batches_per_epoch: int, sampler_has_state: bool,
+                framework: Optional[str] = None, workers: Optional[int] = None,
+                owner: str = "loader") -> tuple[_Resume, int]:
+    """The resume ``state`` (from ``state_dict()``) describes, and its seed:
+    the one check of its top-level fields, where it is loaded (the sampler's
+    and the framework's parts are their owners' to check). ValueError for one
+    that does not fit a loader over a dataset of ``dataset_length`` (None: a
+    stream, whose state has one part per worker of its ``workers``) with
+    ``batch_size``, ``order`` (``order_part``), its own ``seed`` (None: any),
     ``batches_per_epoch`` (-1: unknown), and whose state's framework part is
     ``framework``'s (None: the Loader's own, which has none). Messages call
-    the loader ``owner``."""
+    the loader ``owner``. It changes nothing."""
     fixed_seed = seed
 
     if not isinstance(state, dict):
@@ -164,7 +187,14 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, s
     stream, saved_stream = dataset_length is None, state["dataset_length"] is None
     if stream != saved_stream:
         raise ValueError(f"state was saved for {_kind(saved_stream)}; this {owner}'s dataset is {_kind(stream)}")
-    check_fits(owner, state["dataset_length"], state["batch_size"], dataset_length, batch_size)
+    saved_length, saved_batch_size = state["dataset_length"], state["batch_size"]
+    if saved_length is not None and saved_length != dataset_length:
+        raise ValueError(f"state was saved for a dataset of length {saved_length!r}; this {owner}'s "
+                         f"has length {dataset_length}")
+    if saved_batch_size != batch_size:
+        raise ValueError(f"state was saved with batch_size={saved_batch_size!r}; this {owner} has "
+                         f"batch_size={batch_size!r}")
+    _check_order(state["order"], order, owner)
     try:
         seed = check_int("seed", state["seed"], 0, MAX_SEED)
         epoch = check_int("epoch", state["epoch"], 0, MAX_EPOCH)
@@ -185,6 +215,9 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, s
     if total >= 0 and batches > total:
         raise ValueError(f"state says {batches} batches of epoch {epoch} were delivered; this "
                          f"{owner} has {total} per epoch")
+    if total >= 0 and extras and extras[-1] >= total:
+        raise ValueError(f"state lists batch {extras[-1]} of epoch {epoch} as delivered; this "
+                         f"{owner} has {total} per epoch")
     sampler = state["sampler"]
     if sampler is not None and not sampler_has_state:
         raise ValueError(f"state holds a sampler's state, and this {owner}'s sampler has no "
@@ -195,6 +228,14 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, s
     elif streams is not None:
         raise ValueError(f"state holds a stream's parts, and this {owner}'s dataset is map-style (edited?)")
     return _Resume(epoch, prefix, extras, sampler, streams, saved_framework), seed
+
+
+def _check_order(saved: Any, order: dict[str, Any], owner: str) -> None:
+    if not isinstance(saved, dict) or sorted(saved) != sorted(_ORDER_KEYS):
+        raise ValueError(f"state has a bad order part (truncated or edited?): {saved!r:.200}")
+    for key in _ORDER_KEYS:
+        if saved[key] != order[key]:
+            raise ValueError(f"state was saved with {key}={saved[key]!r}; this {owner} has {key}={order[key]!r}")
 
 
 def _owner(framework: Optional[str]) -> str:
@@ -245,6 +286,7 @@ class _LoaderState:
     _options: Any
     dataset: Any
     batch_size: Optional[int]
+    shuffle: bool
     sampler: Any
     batch_sampler: Any
 
@@ -288,12 +330,16 @@ class _LoaderState:
             epoch, sampler = record.epoch, record.sampler
             prefix, extras = record.delivered()
         return make_state(seed=self._seed, epoch=epoch, prefix=prefix, extras=extras,
-                          dataset_length=len(self.dataset), batch_size=self.batch_size, sampler=sampler,
-                          framework=self._framework_part())
+                          dataset_length=len(self.dataset), batch_size=self.batch_size, order=self._order_part(),
+                          sampler=sampler, framework=self._framework_part())
 
     def _framework_part(self) -> Any:
         """A drop-in's parts of the state (its framework's name under "name"); None: the Loader's."""
         return None
+
+    def _order_part(self) -> dict[str, Any]:
+        """What decides its epochs' order (``order_part``)."""
+        return order_part(self.shuffle, self.sampler, self.batch_sampler)
 
     def _framework_name(self) -> Optional[str]:
         return None
@@ -309,7 +355,9 @@ class _LoaderState:
         ------
         ValueError
             For a state of another format or version, dataset length, batch
-            size or seed, or one truncated or edited; the loader is unchanged.
+            size, seed or order (shuffled or not, the sampler's kind), one
+            its sampler refuses, or one truncated or edited; the loader is
+            unchanged.
         ClosedError
             Once the loader is closed.
         RuntimeError
@@ -318,6 +366,13 @@ class _LoaderState:
         if self._closing:
             raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
         resume, seed = self._check_state(state)
+        holder = self._sampler_with_state()
+        if holder is not None and resume.sampler is not None:
+            try_state(holder, resume.sampler)   # the sampler's part: its own to check
+        self._load_checked(resume, seed)
+
+    def _load_checked(self, resume: _Resume, seed: int) -> None:
+        """Continue where a state checked by ``check_state`` was taken."""
         with self._epoch_lock:
             if self._closing:
                 raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
@@ -344,7 +399,7 @@ class _LoaderState:
         except TypeError:
             total = -1   # a sampler without len(): nothing to check against
         return check_state(state, dataset_length=len(self.dataset), batch_size=self.batch_size,
-                           seed=self._seed if self._options.seed is not None else None,
+                           order=self._order_part(), seed=self._seed if self._options.seed is not None else None,
                            batches_per_epoch=total,
                            sampler_has_state=self._sampler_with_state() is not None,
                            framework=self._framework_name())

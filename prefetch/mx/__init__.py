@@ -8,7 +8,7 @@ object, ``device=`` is an MXNet context or a Prefetcher is made while MXNet
 is imported, and importing it registers the NDArray, DataBatch and Context
 types and carries MXNet's per-thread NumPy modes to the threads that load and copy.
 """
-from prefetch import ClosedError
+from prefetch._framework import ClosedError
 from prefetch.mx import _collate, _device, _modes, _ndarray  # noqa: F401  (register their types)
 from prefetch.mx._dataloader import DataLoader
 from prefetch.mx._iter import PrefetchingIter

@@ -6,8 +6,8 @@ from typing import Any, Callable, Iterator, Optional
 from mxnet.gluon.data import DataLoader as _GluonDataLoader
 from mxnet.io import DataIter
 
-from prefetch import ClosedError as ClosedError
-from prefetch._types import Stats
+from prefetch._framework import ClosedError as ClosedError
+from prefetch._framework import Stats
 
 __all__ = ["ClosedError", "DataLoader", "PrefetchingIter", "patch", "unpatch"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from prefetch.adapters import register_collate
+from prefetch._framework import register_collate
 from prefetch.mx._mxnet import mx
 
 

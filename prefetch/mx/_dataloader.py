@@ -23,10 +23,7 @@ import types
 
 import numpy as np
 
-from prefetch._framework import FrameworkLoader
-from prefetch._replica import replica
-from prefetch._resume import check_fits, check_state
-from prefetch._types import ClosedError, Stats
+from prefetch._framework import ClosedError, FrameworkLoader, Stats, check_state, order_part, replica
 from prefetch.mx._mxnet import mx
 
 _gluon_data = mx.gluon.data
@@ -228,7 +225,8 @@ class _Batches:
     first draw (``RandomSampler``'s shuffle, from numpy's global generator)
     is made on the consumer's thread as a pass starts, as Gluon's loader
     makes it. Its state, saved at each pass's start, is numpy's global
-    generator and the samples a ``rollover`` sampler carries over."""
+    generator and the samples a ``rollover`` sampler carries over (checked
+    by ``_check_sampler_state``)."""
 
     def __init__(self, batch_sampler):
         self.batch_sampler = batch_sampler
@@ -242,9 +240,7 @@ class _Batches:
 
     def state_dict(self):
         carried = getattr(self.batch_sampler, "_prev", None)
-        return {"numpy_rng": _numpy_state(), "batches": _batches_per_pass(self.batch_sampler),
-                "batch_size": getattr(self.batch_sampler, "_batch_size", None),
-                "rollover": None if carried is None else [int(i) for i in carried]}
+        return {"numpy_rng": _numpy_state(), "rollover": None if carried is None else [int(i) for i in carried]}
 
     def load_state_dict(self, state):
         _set_numpy_state(state["numpy_rng"])
@@ -260,6 +256,9 @@ def _batches_per_pass(batch_sampler):
         return len(batch_sampler)
     except (TypeError, ValueError):   # a bad last_batch raises at the end of the pass, as Gluon's
         return None
+
+
+GLUON_LOADER = "mxnet.gluon.data.DataLoader"   # the framework part's name in the resume state
 
 
 def _end_epoch(epoch):
@@ -307,6 +306,7 @@ class DataLoader(_gluon_data.DataLoader):
         elif batch_size is not None or shuffle or sampler is not None or last_batch is not None:
             raise ValueError("batch_size, shuffle, sampler and last_batch must not be specified if "
                              "batch_sampler is specified.")
+        self._said_batch_size = batch_size   # what the resume state records (None: a batch_sampler's)
         # Gluon's attribute names: code written for Gluon's loader reads them.
         self._dataset = dataset
         self._pin_memory = pin_memory
@@ -349,6 +349,8 @@ class DataLoader(_gluon_data.DataLoader):
                 return self._idle.pop()
         loader = FrameworkLoader(self._dataset, per_thread=self._per_thread,
                                  remedy="Gluon's own DataLoader(dataset, num_workers=N)",
+                                 framework=self._framework_part(), order=self._order_part(),
+                                 said_batch_size=self._said_batch_size,
                                  batch_sampler=_Batches(self._batch_sampler),
                                  collate=_host_batchify if self._on_host else self._batchify_fn,
                                  workers=max(self._num_workers, 1), depth=max(self._prefetch, 1),
@@ -418,6 +420,14 @@ class DataLoader(_gluon_data.DataLoader):
 
     # -- resuming ---------------------------------------------------------------
 
+    def _framework_part(self):
+        """The Gluon part of the resume state: what decides which batches a pass has."""
+        return {"name": GLUON_LOADER, "last_batch": getattr(self._batch_sampler, "_last_batch", None)}
+
+    def _order_part(self):
+        sampler = getattr(self._batch_sampler, "_sampler", None)
+        return order_part(isinstance(sampler, _gluon_data.RandomSampler), sampler, self._batch_sampler)
+
     def state_dict(self):
         """Where the loader is: a small JSON-serialisable dict (the pass
         started last and the batches of it delivered so far, numpy's global
@@ -457,16 +467,19 @@ class DataLoader(_gluon_data.DataLoader):
         Raises
         ------
         ValueError
-            For a state of another format or version, dataset length or
-            number of batches, or one truncated or edited; nothing changes.
+            For a state of another format or version, dataset length, batch
+            size, ``last_batch`` or order (shuffled or not, the samplers'
+            kinds), or one truncated or edited; nothing changes.
         RuntimeError
             While a pass is in progress.
         """
         batches = _batches_per_pass(self._batch_sampler)
-        resume, seed = check_state(state, dataset_length=len(self._dataset), batch_size=1, seed=None,
+        resume, seed = check_state(state, dataset_length=len(self._dataset), batch_size=self._said_batch_size,
+                                   order=self._order_part(), seed=None,
                                    batches_per_epoch=-1 if batches is None else batches,
-                                   sampler_has_state=True)
-        _check_sampler_state(state, batches, getattr(self._batch_sampler, "_batch_size", None))
+                                   sampler_has_state=True, framework=GLUON_LOADER, owner="DataLoader")
+        _check_sampler_state(state["sampler"])
+        _check_gluon_part(resume.framework, self._framework_part())
         with self._lock:
             if self._closed:
                 raise ClosedError("this DataLoader is closed: cannot load a state into it")
@@ -480,7 +493,7 @@ class DataLoader(_gluon_data.DataLoader):
         else:
             loader, self._next = (self._next, None) if self._next is not None else (self._take(), None)
         try:
-            loader.load_state_dict(state)
+            loader.load_checked(resume, seed)   # checked once, above
         except BaseException:
             with self._lock:
                 self._idle.append(loader)
@@ -517,10 +530,9 @@ class DataLoader(_gluon_data.DataLoader):
         pass   # Gluon's terminates its process pool; the Loaders go with this object
 
 
-def _check_sampler_state(state, batches, batch_size):
-    """The part of a state the DataLoader adds: numpy's generator, the batch
-    size and the batches per pass; ValueError for one that does not fit."""
-    sampler = state["sampler"]
+def _check_sampler_state(sampler):
+    """ValueError unless ``sampler`` (the state's sampler part, ``_Batches``')
+    is numpy's generator state and a rollover's carried samples."""
     try:
         rng = sampler["numpy_rng"]
         key = base64.b64decode(rng["key"], validate=True)
@@ -531,12 +543,14 @@ def _check_sampler_state(state, batches, batch_size):
         carried = sampler["rollover"]
         if carried is not None and not all(isinstance(i, int) for i in carried):
             raise ValueError("rollover")
-        saved, saved_size = sampler["batches"], sampler["batch_size"]
     except (TypeError, KeyError, ValueError) as exc:
         raise ValueError(f"state has a bad or missing sampler state (truncated or edited?): {exc!r} "
                          f"in {sampler!r:.200}") from None
-    check_fits("DataLoader", None, saved_size, -1, batch_size)
-    if saved is not None and batches is not None and saved != batches:
-        raise ValueError(f"state was saved for a DataLoader of {saved!r} batches per pass; this one "
-                         f"has {batches}")
-    return sampler
+
+
+def _check_gluon_part(saved, own):
+    if not isinstance(saved, dict) or sorted(saved) != sorted(own):
+        raise ValueError(f"state has a bad Gluon part (truncated or edited?): {saved!r:.200}")
+    if saved["last_batch"] != own["last_batch"]:
+        raise ValueError(f"state was saved with last_batch={saved['last_batch']!r}; this DataLoader has "
+                         f"last_batch={own['last_batch']!r}")

@@ -9,7 +9,7 @@ NDArray leaves were already copied to the context by their leaf hook
 """
 import numpy as np
 
-from prefetch.adapters import register_device
+from prefetch._framework import register_device
 from prefetch.mx import _engine, _ndarray
 from prefetch.mx._mxnet import mx
 from prefetch.mx._ndarray import _np_shape_copy, engine_sync

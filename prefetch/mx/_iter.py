@@ -7,8 +7,7 @@ method runs on the consumer's thread.
 import threading
 import weakref
 
-from prefetch import ClosedError, Prefetcher
-from prefetch._options import Options
+from prefetch._framework import ClosedError, Options, Prefetcher
 from prefetch.mx._device import as_context
 from prefetch.mx._mxnet import mx
 

@@ -14,7 +14,7 @@ Threading contract: ``capture_np_modes`` runs in the Prefetcher constructor;
 """
 import functools
 
-from prefetch.adapters import register_thread_state
+from prefetch._framework import register_thread_state
 from prefetch.mx._mxnet import mx
 
 

@@ -9,7 +9,7 @@ import ctypes
 import threading
 import weakref
 
-from prefetch.adapters import register_container, register_leaf
+from prefetch._framework import register_container, register_leaf
 from prefetch.mx import _engine
 from prefetch.mx._mxnet import _LIB, check_call, mx
 

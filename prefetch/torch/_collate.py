@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.adapters import register_collate
+from prefetch._framework import register_collate
 from prefetch.torch._torch import torch
 
 _INT = {1: (torch.uint8, "u1"), 2: (torch.int16, "<i2"), 4: (torch.int32, "<i4"), 8: (torch.int64, "<i8")}

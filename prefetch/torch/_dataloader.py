@@ -26,13 +26,22 @@ import weakref
 from typing import Any, TypeVar
 
 import numpy as np
-from torch.utils.data import IterableDataset, default_collate
+from torch.utils.data import IterableDataset, RandomSampler, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
-from prefetch._framework import FrameworkLoader, warn_at_user
-from prefetch._options import MAX_EPOCH, check_int, check_num_workers
-from prefetch._resume import check_state, make_state
-from prefetch._types import ClosedError, Stats
+from prefetch._framework import (
+    MAX_EPOCH,
+    ClosedError,
+    FrameworkLoader,
+    Stats,
+    check_int,
+    check_num_workers,
+    check_state,
+    make_state,
+    order_part,
+    try_state,
+    warn_at_user,
+)
 from prefetch.torch._device import PinnedHost
 from prefetch.torch._processes import (
     Choice,
@@ -157,6 +166,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """
 
     _resume: dict[str, Any] | None = None   # load_state_dict(): what the next iterator continues
+    _checked: Any = None                     # that state, as its one check gave it: (resume, seed)
     _position: _Position | None = None       # the iterator made last, as state_dict() reads it
 
     def __init__(self, *args: Any, loading: str = "auto", **kwargs: Any) -> None:
@@ -230,20 +240,23 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             part = dict(fresh_part(), dataset=own)
             streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
             return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=None,
-                              batch_size=self.batch_size, sampler=None, streams=streams, framework=framework)
+                              batch_size=self.batch_size, order=_order(self), sampler=None, streams=streams,
+                              framework=framework)
         generators = [encode_generator(g) for g in _generators(self._index_sampler, generator)]
         generators[0] = encode_generator(draw)   # the epoch draws after the iterator's seed
         sampler = {"generators": generators, "samplers": [s.state_dict() for s in _stateful_samplers(self)]}
         return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=len(self.dataset),
-                          batch_size=self.batch_size, sampler=sampler, framework=framework)
+                          batch_size=self.batch_size, order=_order(self), sampler=sampler, framework=framework)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter(loader)`` continues where ``state`` (from
-        ``state_dict()``) was taken; an iteration in progress (persistent
-        workers' included) ends. ValueError for a state that does not fit
-        this DataLoader (dataset length or kind, batch size, workers reading
-        a stream, a generator or sampler state refused, an edited or
-        truncated one): the DataLoader is then unchanged.
+        ``state_dict()``) was taken; an iterator made before (persistent
+        workers' included) goes on with its own epoch, as torchdata's
+        ``StatefulDataLoader``'s does. ValueError for a state that does not
+        fit this DataLoader (dataset length or kind, batch size, order:
+        the sampler's kind, shuffled or not; workers reading a stream, a
+        generator or sampler state refused, an edited or truncated one): the
+        DataLoader is then unchanged.
 
         Raises
         ------
@@ -261,7 +274,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         iterable = isinstance(self.dataset, IterableDataset)
         resume, seed = check_state(
             state, dataset_length=None if iterable else len(self.dataset), batch_size=self.batch_size,
-            seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
+            order=_order(self), seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
             framework=TORCH_LOADER, workers=max(self.num_workers, 1) if iterable else None, owner="DataLoader")
         try:
             part = resume.framework
@@ -273,11 +286,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 _check_sampler_part(resume.sampler, self)
         except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"state has a bad torch part (truncated or edited?): {exc}") from None
-        it = self._iterator
-        if isinstance(it, _ThreadIter):   # persistent workers: the next iter() starts from the state
-            self._iterator = None
-            it.close(closed=False)
-        self._resume = copy.deepcopy(state)
+        self._iterator = None   # persistent workers: the next iter() makes one from the state
+        self._resume, self._checked = copy.deepcopy(state), (resume, seed)
 
     def check_worker_number_rationality(self) -> None:
         """torch's warning when ``num_workers`` exceeds the CPUs this process
@@ -359,6 +369,12 @@ class StatefulDataLoader(DataLoader[_T_co]):
 TORCH_LOADER = "torch.utils.data.DataLoader"   # the framework part's name in the resume state
 
 
+def _order(loader: DataLoader) -> dict[str, Any]:
+    """What decides the DataLoader's order, for its state (``shuffle=True``
+    is torch's ``RandomSampler``)."""
+    return order_part(isinstance(loader.sampler, RandomSampler), loader.sampler, loader.batch_sampler)
+
+
 def _base_seed(generator: Any) -> int:
     """torch's draw of an iterator's base seed (None: the global generator)."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
@@ -378,8 +394,8 @@ def _stateful_samplers(loader: Any) -> list[Any]:
 def _check_sampler_part(part: Any, loader: Any) -> None:
     """ValueError unless ``part`` (a state's sampler side) fits ``loader``:
     one generator state per generator, each one torch accepts; one state per
-    stateful sampler, each one that sampler accepts (loaded into it now:
-    its epoch loads it again as it begins)."""
+    stateful sampler, each one that sampler accepts (tried on it, its own
+    put back: the resumed epoch loads it as it begins)."""
     generator = loader.generator if loader.generator is not None else torch.default_generator
     generators, samplers = part["generators"], part["samplers"]
     expected = _generators(loader._index_sampler, generator)
@@ -392,10 +408,7 @@ def _check_sampler_part(part: Any, loader: Any) -> None:
         raise ValueError(f"it has states for {len(samplers)!r} sampler(s) with a state of their own; "
                          f"this DataLoader has {len(stateful)}")
     for s, saved in zip(stateful, samplers):
-        try:
-            s.load_state_dict(copy.deepcopy(saved))
-        except Exception as exc:
-            raise ValueError(f"{type(s).__name__}.load_state_dict refused its state: {exc!r}") from None
+        try_state(s, saved)
 
 
 def _leaf_collection(obj: Any) -> bool:
@@ -512,6 +525,7 @@ class _ThreadIter:
         # generator to where it was (torch's global one: see drawing_from).
         generator = loader.generator if loader.generator is not None else torch.default_generator
         resume, loader._resume = loader._resume, None
+        checked, loader._checked = loader._checked, None
         with contextlib.ExitStack() as drawing:
             if resume is not None:
                 drawing.enter_context(drawing_from(generator, decode_generator(resume["framework"]["iterator_rng"])))
@@ -528,7 +542,7 @@ class _ThreadIter:
         self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
         if self._iterable:
             self._source: Any = ShardMap(loader, options, self._ahead, base_seed, framework=framework,
-                                         device=PinnedHost() if self._pin else None)
+                                         order=_order(loader), device=PinnedHost() if self._pin else None)
         else:
             auto = loader._auto_collation
             self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
@@ -554,13 +568,12 @@ class _ThreadIter:
                                            per_thread=per_thread, worker_init=init, seed=base_seed,
                                            lookahead=self._ahead, go_on=True, gil_noticed=self._gil_noticed[0],
                                            device=PinnedHost() if self._pin else None, framework=framework,
-                                           said_batch_size=loader.batch_size,
+                                           order=_order(loader), said_batch_size=loader.batch_size,
                                            remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
                                            on_notice=self._notices.append if self._choice.acts_on(loader) else None,
                                            **options)
         if resume is not None:
-            # The one check ran in load_state_dict; the source's own reads its parts.
-            self._source.load_state_dict(resume)
+            self._source.load_checked(*checked)   # checked once, by load_state_dict
             self._handed = resume["batches"]
             if self._batches is not None:
                 self._batches.dropped = resume["batches"]   # read again as the epoch begins, then dropped

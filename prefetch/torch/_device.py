@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from prefetch.adapters import register_device
+from prefetch._framework import register_device
 from prefetch.torch._torch import torch
 
 _FROM_NUMPY = frozenset(np.dtype(name) for name in (

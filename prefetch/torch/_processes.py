@@ -37,8 +37,7 @@ from typing import Any, Iterator, Optional
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from prefetch import GILBoundWarning, Stats
-from prefetch._framework import warn_consumer
+from prefetch._framework import GILBoundWarning, Stats, warn_consumer
 from prefetch.torch._sampler import decode_generator
 from prefetch.torch._torch import torch
 

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Optional
 
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from prefetch.loader import ints
+from prefetch._framework import ints
 from prefetch.torch._torch import torch
 
 
@@ -353,12 +353,15 @@ class _Cut:
 
 def _generators(index_sampler: Any, generator: Any) -> list[Any]:
     """The generators an epoch's order is drawn from: the DataLoader's (or
-    torch's global one), and a torch ``RandomSampler``'s own."""
+    torch's global one), then each CPU generator a sampler holds of its own
+    (``generator=`` of torch's ``RandomSampler``, ``WeightedRandomSampler``,
+    ``SubsetRandomSampler``, or of a user's sampler), the batch sampler's
+    and the sampler's inside it."""
     found = [generator]
-    sampler = getattr(index_sampler, "sampler", index_sampler)   # inside torch's BatchSampler
-    own = getattr(sampler, "generator", None) if isinstance(sampler, RandomSampler) else None
-    if isinstance(own, torch.Generator) and own.device.type == "cpu" and own is not generator:
-        found.append(own)
+    for sampler in (index_sampler, getattr(index_sampler, "sampler", None)):
+        own = getattr(sampler, "generator", None)
+        if isinstance(own, torch.Generator) and own.device.type == "cpu" and all(own is not g for g in found):
+            found.append(own)
     return found
 
 

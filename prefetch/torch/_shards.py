@@ -29,11 +29,7 @@ import functools
 import threading
 from typing import Any
 
-from prefetch._core import set_sample_index
-from prefetch._framework import FrameworkMap
-from prefetch._replica import replica
-from prefetch._resume import check_state, make_state
-from prefetch._types import Stats
+from prefetch._framework import FrameworkMap, Stats, make_state, replica, set_sample_index
 from prefetch.torch._worker import DATASETS, _local, worker_info
 
 NOTHING = object()   # a task that made no batch: its worker had ended, or the epoch was cancelled
@@ -328,12 +324,13 @@ class ShardMap:
     iterating a Loader again does): with persistent workers, a worker's
     thread, replica and ``worker_init_fn`` state last from epoch to epoch."""
 
-    def __init__(self, loader: Any, options: dict[str, Any], ahead: int, seed: int, device: Any = None,
-                 framework: Any = None) -> None:
+    def __init__(self, loader: Any, options: dict[str, Any], ahead: int, seed: int, order: dict[str, Any],
+                 device: Any = None, framework: Any = None) -> None:
         threads = options["workers"]
         self.shards = [_Shard(w, loader, seed) for w in range(threads)]
         self.batch_size = loader.batch_size
         self.framework = framework   # the drop-in's part of the state
+        self.order = order           # what decides the order, for the state
         self.resumed: Any = None     # a loaded state's streams: the next epoch starts there
         self.options = options
         self.ordered = options["ordered"]
@@ -381,15 +378,13 @@ class ShardMap:
             epoch, streams = now.number, {"next": now.turn, "workers": list(now.parts)}
         delivered = sum(p["batches"] for p in streams["workers"])
         return make_state(seed=self.seed, epoch=epoch, prefix=delivered, extras=[], dataset_length=None,
-                          batch_size=self.batch_size, sampler=None, streams=copy.deepcopy(streams),
+                          batch_size=self.batch_size, order=self.order, sampler=None,
+                          streams=copy.deepcopy(streams),
                           framework=self.framework)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The next epoch continues where ``state`` (from ``state_dict()``) was taken."""
-        resume, _ = check_state(state, dataset_length=None, batch_size=self.batch_size, seed=self.seed,
-                                batches_per_epoch=-1, sampler_has_state=False,
-                                framework=None if self.framework is None else self.framework["name"],
-                                workers=len(self.shards))
+    def load_checked(self, resume: Any, seed: int) -> None:
+        """The next epoch continues where a state checked by the DataLoader's
+        ``load_state_dict`` was taken."""
         self.epoch, self.resumed = resume.epoch, resume.streams
 
     @property

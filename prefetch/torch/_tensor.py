@@ -48,7 +48,7 @@ from sys import getrefcount
 from typing import Any
 from weakref import getweakrefcount
 
-from prefetch.adapters import register_leaf
+from prefetch._framework import register_leaf
 from prefetch.torch._torch import torch
 
 Tensor = torch.Tensor

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
-from prefetch._replica import replica
+from prefetch._framework import replica
 from prefetch.torch._bindings import module_bindings
 from prefetch.torch._torch import torch
 
@@ -93,8 +93,8 @@ class _ThreadRNG(_RNG):
     first read, seeded as torch seeds a thread worker's. Made up front they
     cost memory a dataset that never draws from them pays for nothing: the
     process's first numpy Generator about 1.2 MiB (numpy's one-time set-up),
-    torch's first draw about 0.5 MiB; the torch drop-in held some 2 MiB more
-    than the Loader over the same dataset."""
+    torch's first draw about 0.5 MiB: some 2 MiB the torch drop-in would hold
+    beyond the Loader over the same dataset."""
 
     def __init__(self, worker_id: int, base_seed: int) -> None:  # not the dataclass's: nothing made yet
         # torch's _RNG is frozen: its own fields cannot be set, these are set past that check.

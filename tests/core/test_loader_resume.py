@@ -504,3 +504,86 @@ def test_load_state_dict_after_a_break_continues_exactly(workers, taken_after, v
         following = rows(list(loader))
     assert rows(got[:3]) + resumed == whole[0]
     assert following == whole[1]
+
+
+# -- a state records what decides the order, and is checked once, at load (SPEC §9) --
+
+def state_after_one_batch(**kw):
+    with Loader(Augmented(20), 4, seed=1, workers=1, **kw) as loader:
+        it = iter(loader)
+        next(it)
+        return roundtrip(loader.state_dict())
+
+
+@pytest.mark.parametrize("saved, loading, message", [
+    (dict(shuffle=True), dict(), "shuffle=True; this loader has shuffle=False"),
+    (dict(), dict(shuffle=True), "shuffle=False; this loader has shuffle=True"),
+    (dict(), dict(sampler=range(20)), "sampler=None; this loader has sampler='builtins.range'"),
+])
+def test_a_state_of_another_order_is_refused_naming_the_difference(saved, loading, message):
+    """A shuffled run's state would resume an unshuffled loader by skipping
+    batches the saved run never delivered."""
+    state = state_after_one_batch(**saved)
+    with Loader(Augmented(20), 4, seed=1, workers=1, **loading) as loader:
+        with pytest.raises(ValueError, match=message):
+            loader.load_state_dict(state)
+        assert len(rows(list(loader))) == 20   # unchanged and usable
+
+
+def test_a_state_listing_a_batch_past_the_epochs_end_is_refused():
+    state = dict(state_after_one_batch(), batches=2, out_of_order=[7])
+    with Loader(Augmented(20), 4, seed=1, workers=1) as loader:
+        with pytest.raises(ValueError, match="batch 7 of epoch 0.*this loader has 5 per epoch"):
+            loader.load_state_dict(state)
+        assert [r[0] for r in rows(list(loader))] == list(range(20))
+
+
+class Refusing:
+    """A sampler with a state of its own, which refuses a state it did not write."""
+
+    def __init__(self):
+        self.offset = 0
+
+    def __iter__(self):
+        return iter([(i + self.offset) % 20 for i in range(20)])
+
+    def __len__(self):
+        return 20
+
+    def state_dict(self):
+        return {"offset": self.offset}
+
+    def load_state_dict(self, state):
+        if not isinstance(state.get("offset"), int):
+            raise KeyError(f"no offset in {state!r}")
+        self.offset = state["offset"]
+
+
+def test_a_state_the_sampler_refuses_is_refused_at_load_and_the_loader_stays_usable():
+    sampler = Refusing()
+    sampler.offset = 3
+    state = dict(state_after_one_batch(sampler=Refusing()), sampler={"offset": "x"})
+    with Loader(Augmented(20), 4, seed=1, workers=1, sampler=sampler) as loader:
+        with pytest.raises(ValueError, match="Refusing.load_state_dict refused.*no offset"):
+            loader.load_state_dict(state)
+        assert sampler.offset == 3   # the check changed nothing
+        assert [r[0] for r in rows(list(loader))] == [(i + 3) % 20 for i in range(20)]
+
+
+def test_a_state_whose_epoch_cannot_be_run_is_refused_at_load():
+    """The epoch after a state's is counted too: one past what the loader
+    can count is refused where the state is loaded, not at a later for."""
+    state = dict(state_after_one_batch(), epoch=2**63 - 2)
+    with Loader(Augmented(20), 4, seed=1, workers=1) as loader:
+        with pytest.raises(ValueError, match="bad value.*epoch must be an int"):
+            loader.load_state_dict(state)
+        assert len(list(loader)) == 5 and len(list(loader)) == 5
+
+
+def test_the_largest_epoch_a_state_may_name_runs_and_the_epochs_after_it():
+    from prefetch._options import MAX_EPOCH
+    state = dict(state_after_one_batch(), epoch=MAX_EPOCH, batches=0)
+    with Loader(Augmented(20), 4, seed=1, workers=1) as loader:
+        loader.load_state_dict(state)
+        assert [len(list(loader)) for _ in range(3)] == [5, 5, 5]
+

@@ -127,8 +127,9 @@ BAD = [
     ("dataset of length 24", lambda s: s.update(dataset_length=23 + 1)),
     ("format version", lambda s: s.update(version=99)),
     ("lacks 'sampler'", lambda s: s.pop("sampler")),
-    ("batches per pass", lambda s: s["sampler"].update(batches=2)),
-    ("batch_size=3", lambda s: s["sampler"].update(batch_size=3)),
+    ("last_batch='discard'", lambda s: s["framework"].update(last_batch="discard")),
+    ("batch_size=3", lambda s: s.update(batch_size=3)),
+    ("saved by prefetch.Loader", lambda s: s.update(framework=None)),
     ("bad or missing sampler state", lambda s: s["sampler"].pop("numpy_rng")),
     ("bad or missing sampler state", lambda s: s["sampler"]["numpy_rng"].update(key="AAAA")),
     ("do not fit together", lambda s: s.update(out_of_order=[0])),
@@ -167,3 +168,53 @@ def test_loading_during_a_pass_or_after_close_raises():
     loader.close()
     with pytest.raises(ClosedError):
         loader.load_state_dict(state)
+
+
+# -- the same top-level fields as every front door, checked once (SPEC §9 Resume) --
+
+def test_the_state_says_the_batch_size_and_the_framework():
+    with DataLoader(Augmented(), 4, num_workers=2) as loader:
+        next(iter(loader))
+        state = roundtrip(loader.state_dict())
+    assert state["batch_size"] == 4 and state["batches"] == 1
+    assert state["framework"] == {"name": "mxnet.gluon.data.DataLoader", "last_batch": "keep"}
+    assert state["order"]["shuffle"] is False
+
+
+def test_a_shuffled_passs_state_is_refused_by_an_unshuffled_loader():
+    with DataLoader(Augmented(), 4, shuffle=True, num_workers=2) as loader:
+        next(iter(loader))
+        state = roundtrip(loader.state_dict())
+    with DataLoader(Augmented(), 4, num_workers=2) as loader:
+        with pytest.raises(ValueError, match="shuffle=True; this DataLoader has shuffle=False"):
+            loader.load_state_dict(state)
+        assert [r[0] for b in loader for r in rows(b)] == list(range(23))
+
+
+def test_another_last_batch_is_refused_naming_it():
+    with DataLoader(Augmented(), 4, num_workers=2) as loader:
+        state = roundtrip(loader.state_dict())
+    with DataLoader(Augmented(), 4, last_batch="discard", num_workers=2) as loader:
+        with pytest.raises(ValueError, match="last_batch='keep'; this DataLoader has last_batch='discard'"):
+            loader.load_state_dict(state)
+
+
+def test_a_loaded_state_is_checked_once(monkeypatch):
+    import prefetch._resume
+    import prefetch.mx._dataloader as module
+    calls = []
+    check = prefetch._resume.check_state
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("owner"))
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(prefetch._resume, "check_state", counted)
+    monkeypatch.setattr(module, "check_state", counted)
+    with DataLoader(Augmented(), 4, num_workers=2) as loader:
+        next(iter(loader))
+        state = roundtrip(loader.state_dict())
+    with DataLoader(Augmented(), 4, num_workers=2) as loader:
+        loader.load_state_dict(state)
+        assert len(list(loader)) == 5
+    assert calls == ["DataLoader"]

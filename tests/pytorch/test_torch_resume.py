@@ -99,7 +99,7 @@ def test_a_state_that_does_not_fit_is_a_clear_error():
 def check_refusals(loader, state):
     with pytest.raises(ValueError, match="batch_size=4; this DataLoader has batch_size=5"):
         loader.load_state_dict(state)
-    with pytest.raises(ValueError, match="version 1; this version of prefetch reads version 2"):
+    with pytest.raises(ValueError, match="version 1; this version of prefetch reads version 3"):
         loader.load_state_dict(dict(state, version=1))
     with pytest.raises(ValueError, match="lacks 'batches'"):
         loader.load_state_dict({k: v for k, v in state.items() if k != "batches"})

@@ -298,3 +298,132 @@ def test_a_stateful_loader_accepts_snapshot_every_n_steps_and_checks_it():
         assert loader.snapshot_every_n_steps == 4 and len(list(loader)) == 8
     with pytest.raises(ValueError, match="snapshot_every_n_steps must be an int >= 0"):
         StatefulDataLoader(Squares(), snapshot_every_n_steps=-1)
+
+
+# -- one check, at load; the order's parts recorded (SPEC §9 Resume) ---------------
+
+def test_a_shuffled_runs_state_is_refused_by_an_unshuffled_loader():
+    """Else the resumed run skips batches the saved run never delivered."""
+    loader = _make(shuffle=True, num_workers=2)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    with _make(num_workers=2) as other:
+        with pytest.raises(ValueError, match="shuffle=True; this DataLoader has shuffle=False"):
+            other.load_state_dict(state)
+        assert flat(other) == [i * i for i in range(24)]   # unchanged and usable
+
+
+@pytest.mark.parametrize("kind", ["weighted", "subset"])
+def test_a_samplers_own_generator_resumes_its_epoch(kind):
+    """A WeightedRandomSampler's or SubsetRandomSampler's generator= is
+    saved as the epoch begins: a state taken in epoch 2 resumes that epoch."""
+    from torch.utils.data import SubsetRandomSampler, WeightedRandomSampler
+
+    def sampler():
+        g = torch.Generator().manual_seed(11)
+        if kind == "weighted":
+            return WeightedRandomSampler([1.0] * 24, 24, generator=g)
+        return SubsetRandomSampler(list(range(0, 24, 2)), generator=g)
+
+    with _make(sampler=sampler(), num_workers=2) as loader:
+        whole = [flat(loader), flat(loader)]
+    assert whole[0] != whole[1]
+    loader = _make(sampler=sampler(), num_workers=2)
+    flat(loader)
+    it = iter(loader)
+    head = flat([next(it), next(it)])
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    with _make(sampler=sampler(), num_workers=2) as resumed:   # its generator back at its seed
+        resumed.load_state_dict(state)
+        assert head + flat(resumed) == whole[1]
+
+
+def test_a_state_listing_a_batch_past_the_epochs_end_is_refused():
+    with _make(num_workers=2) as loader:
+        state = dict(loader.state_dict(), batches=2, out_of_order=[9])
+        with pytest.raises(ValueError, match="batch 9 of epoch 0 as delivered; this DataLoader has 8"):
+            loader.load_state_dict(state)
+        assert flat(loader) == [i * i for i in range(24)]
+
+
+def test_a_state_whose_epoch_cannot_be_run_is_refused_at_load():
+    with _make(num_workers=2, persistent_workers=True) as loader:
+        state = dict(loader.state_dict(), epoch=2**63 - 2)
+        with pytest.raises(ValueError, match="bad value.*epoch must be an int"):
+            loader.load_state_dict(state)
+        assert flat(loader) == flat(loader) == [i * i for i in range(24)]
+
+
+class HalfLoading(Stateful):
+    """Sets what it reads as it reads it: a state it refuses half-loaded."""
+
+    def state_dict(self):
+        return {"offset": self.offset, "check": 1}
+
+    def load_state_dict(self, state):
+        self.offset = state.get("offset", 0)
+        if not isinstance(state.get("check"), int):
+            raise ValueError(f"no check in {state!r}")
+
+
+def test_a_refused_sampler_state_changes_nothing():
+    """The check of a state's sampler part leaves the sampler as it was, and
+    the loader usable."""
+    sampler = HalfLoading(24)
+    with DataLoader(Squares(), batch_size=3, sampler=sampler) as loader:
+        state = json.loads(json.dumps(loader.state_dict()))
+        state["sampler"]["samplers"] = [{"offset": 7}]
+        with pytest.raises(ValueError, match="HalfLoading.load_state_dict refused its state"):
+            loader.load_state_dict(state)
+        assert sampler.offset == 0
+        assert flat(loader) == [i * i for i in range(24)]
+
+
+def test_a_loaded_state_is_checked_once(monkeypatch):
+    """Where it is loaded; the epoch it starts takes it as checked."""
+    import prefetch._resume
+    import prefetch.torch._dataloader as module
+    calls = []
+    check = prefetch._resume.check_state
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("owner"))
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(prefetch._resume, "check_state", counted)
+    monkeypatch.setattr(module, "check_state", counted)
+    loader = _make(num_workers=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader.close()
+    with _make(num_workers=2) as resumed:
+        resumed.load_state_dict(state)
+        assert len(flat(resumed)) == 21
+    assert calls == ["DataLoader"]
+
+
+def held_after_load(cls, persistent):
+    """A held iterator's batches after a state is loaded mid-epoch, then the next iter()'s."""
+    loader = cls(list(range(24)), batch_size=4, num_workers=2, persistent_workers=persistent)
+    state = loader.state_dict()
+    it = iter(loader)
+    next(it)
+    loader.load_state_dict(state)
+    held, following = flat(it), flat(loader)
+    if hasattr(loader, "close"):
+        loader.close()
+    return held, following
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")   # torchdata's workers
+@pytest.mark.parametrize("persistent", [False, True])
+def test_load_state_dict_mid_epoch_leaves_the_held_iterator_going_as_torchdatas(persistent):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    expected = (list(range(4, 24)), list(range(24)))
+    assert held_after_load(stateful.StatefulDataLoader, persistent) == expected   # the control
+    assert held_after_load(DataLoader, persistent) == expected
