@@ -99,6 +99,6 @@ def _join_or_warn(threads, double grace, str owner, doing, at=None):
             if t.is_alive():
                 stuck.append(t)
     for t in stuck:
-        _warn.warn(f"{owner}: thread {t.name!r} is still {doing(t)} after {grace} s; it is left "
+        _warn.warn(f"{owner}: thread {t.name!r} is still {doing(t)} after {seconds(grace)}; it is left "
                    f"as a daemon thread and exits when that returns", RuntimeWarning, at)
     return not stuck

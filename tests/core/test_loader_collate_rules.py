@@ -87,7 +87,7 @@ def test_defect_2_dtype_and_structure_differences_name_the_odd_sample():
 
     samples = [(np.zeros(3), 1), (np.zeros(3), 2.5)] + [(np.zeros(3), 1)] * 4
     message, notes = the_error(RowZeroLast(samples, release=2), batch_size=2)
-    assert "sample[1] is a float where the batch's first sample has a int" in message
+    assert "sample[1] is a float where the batch's first sample has an int" in message
     assert "sample 1, row 2 of batch 1" in notes
 
 
