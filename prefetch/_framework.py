@@ -18,9 +18,18 @@ points to the framework's own process loader.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+from prefetch import _warn
 from prefetch._core import MAP_KEYS_UNCHECKED
+from prefetch._lifecycle import close_aside
+
+# What a drop-in shares with the Loader (argument checks, messages, warnings): one place each.
+from prefetch._options import check_batch_size as check_batch_size
+from prefetch._options import check_dataset as check_dataset
+from prefetch._options import check_num_workers as check_num_workers
+from prefetch._warn import machinery as machinery
 from prefetch.loader import Loader, _Mapped
 
 
@@ -123,3 +132,12 @@ class FrameworkMap(_Mapped):  # type: ignore[type-arg]
 
     def _stage_hooks(self) -> dict[str, Any]:
         return self._hooks
+
+
+def close_when_dropped(owner: Any, close: Callable[[], None]) -> None:
+    """``close()`` once ``owner`` (a framework's iterator, which has no
+    close() of its own: torch's) is collected, on a thread of its own: the
+    line that dropped it does not wait for a thread still inside the dataset,
+    and a warning about one points at the user's line that made ``owner``
+    (past the framework's frames named by ``machinery``)."""
+    weakref.finalize(owner, close_aside, close, _warn.user_location())

@@ -120,8 +120,8 @@ def check_num_workers(value: Any) -> None:
     bare ``TypeError``). A negative int is left to the framework, whose
     message its users search for."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"num_workers must be an int >= 0 (the loading threads; 0: one thread, with "
-                        f"get_worker_info() None), got {value!r} ({type(value).__name__})")
+        raise TypeError(f"num_workers must be an int >= 0 (the loading threads; 0: one thread, as the "
+                        f"framework's main-process loading), got {value!r} ({type(value).__name__})")
     if int(value) > MAX_WORKERS:
         raise ValueError(f"num_workers must be an int >= 0 and at most {MAX_WORKERS} (threads), got {value!r}")
 

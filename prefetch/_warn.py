@@ -6,6 +6,7 @@ than the level Python reports ``sys:1``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -15,8 +16,9 @@ import weakref
 from typing import Optional
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# Frames that are machinery between prefetch and the user (finalizers, atexit hooks).
-_MACHINERY = frozenset(os.path.abspath(f) for f in (weakref.__file__,) if f)
+# Frames that are machinery between prefetch and the user (finalizers, atexit hooks,
+# a framework's loader calling its drop-in: see machinery()).
+_MACHINERY = {os.path.abspath(f) for f in (weakref.__file__,) if f}
 
 Location = tuple[str, int]
 
@@ -24,6 +26,13 @@ Location = tuple[str, int]
 def _is_ours(frame: types.FrameType) -> bool:
     name = os.path.abspath(frame.f_code.co_filename)
     return name.startswith(_PACKAGE) or name in _MACHINERY
+
+
+def machinery(filename: str) -> None:
+    """Frames of ``filename`` (a framework's module whose code calls a
+    drop-in's, as torch's ``DataLoader.__iter__`` calls ``_get_iterator``)
+    are passed over as prefetch's own: a warning points past them."""
+    _MACHINERY.add(os.path.abspath(filename))
 
 
 def user_frame() -> Optional[types.FrameType]:
@@ -40,9 +49,27 @@ def user_location() -> Optional[Location]:
     return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
+_pointing = threading.local()   # .at: where this thread's warnings point for now (pointing_at)
+
+
+@contextlib.contextmanager
+def pointing_at(at: Optional[Location]):  # type: ignore[no-untyped-def]
+    """Warnings given on this thread inside it point at ``at`` (where the
+    object a finalizer closes was created): the line on the stack then is
+    whatever ran when the collector did, or none at all (interpreter exit)."""
+    before = getattr(_pointing, "at", None)
+    _pointing.at = at
+    try:
+        yield
+    finally:
+        _pointing.at = before
+
+
 def warn(message: str, category: type[Warning], at: Optional[Location] = None) -> None:
     """Warn at ``at`` when given (where the object was created), else at the user's line on
     the stack; with neither (a finalizer at exit), at the innermost frame there is."""
+    if at is None:
+        at = getattr(_pointing, "at", None)
     if at is None:
         frame = user_frame()
         if frame is None:

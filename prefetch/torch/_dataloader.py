@@ -28,8 +28,14 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
-from prefetch._framework import FrameworkLoader
-from prefetch._options import MAX_EPOCH, check_int, check_num_workers
+from prefetch._framework import (
+    FrameworkLoader,
+    check_dataset,
+    check_num_workers,
+    close_when_dropped,
+    machinery,
+)
+from prefetch._options import MAX_EPOCH, check_int
 from prefetch._resume import check_state, make_state
 from prefetch._types import ClosedError, Stats
 from prefetch.torch._device import PinnedHost
@@ -57,6 +63,22 @@ class _OneSample:
 
 
 _TORCH_INIT = inspect.signature(torch.utils.data.DataLoader.__init__)
+machinery(torch.utils.data.dataloader.__file__)   # its __iter__ calls ours: warnings point past it
+_A_STREAM = ("for a generator or any other stream, subclass torch.utils.data.IterableDataset (its "
+             "__iter__ yields the samples) and pass an instance of it")
+
+
+def _check_given(given: dict[str, Any]) -> None:
+    """The arguments torch's constructor accepts and its iterator would fail
+    on (or print without their quotes), refused here, where they are given."""
+    if "dataset" in given and not isinstance(given["dataset"], IterableDataset):
+        check_dataset(given["dataset"], _A_STREAM)
+    if "num_workers" in given:
+        check_num_workers(given["num_workers"])
+    size = given.get("batch_size", 1)
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
+        # torch's condition and words, with the value as written ('4', not 4)
+        raise ValueError(f"batch_size should be a positive integer value, but got batch_size={size!r}")
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -137,8 +159,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             given = _TORCH_INIT.bind(self, *args, **kwargs).arguments
         except TypeError:
             given = {}   # a call torch refuses: torch's own __init__ says why, below
-        if "num_workers" in given:
-            check_num_workers(given["num_workers"])
+        _check_given(given)
         super().__init__(*args, **kwargs)
         self._gil_noticed = [False]   # the iterators' GIL notice was given (see _ThreadIter)
         self._ended_stats = [Stats()]   # stats() of the epoch ended last, set by its iterator
@@ -512,8 +533,9 @@ class _ThreadIter:
             if self._batches is not None:
                 self._batches.dropped = resume["batches"]   # read again as the epoch begins, then dropped
         self.position = _Position(self, self._source, self._persistent)
-        # torch's iterators have no close(): one dropped mid-epoch closes its loader.
-        weakref.finalize(self, self._source.close)
+        # torch's iterators have no close(): one dropped mid-epoch closes its loader,
+        # not making the dropping line wait for a thread inside dataset[i].
+        close_when_dropped(self, self._source.close)
         self._done = False
         self._convert = getattr(self, "_convert", False)
         self._yielded = self._taken = 0   # batches of the epoch handed out; and failed too
