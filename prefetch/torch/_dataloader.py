@@ -243,6 +243,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """
         if self._closed:
             raise ClosedError("this DataLoader is closed: cannot load a state into it")
+        _refuse_torchdatas(state)
         if isinstance(state, dict) and "_iterator_finished" in state:
             # torchdata's key, which Accelerate sets on any loader's state
             # (whether its epoch ended): the state itself says that here.
@@ -323,7 +324,14 @@ class StatefulDataLoader(DataLoader[_T_co]):
     changes nothing: torchdata's workers send their state every that many
     batches, and ``state_dict()`` between two such snapshots replays the
     batches since; here each worker's state travels with each batch, so the
-    state is exact at every step."""
+    state is exact at every step.
+
+    Its ``load_state_dict`` loads what ``state_dict()`` of this class or of
+    ``prefetch.torch.DataLoader`` gave (the same format), not a checkpoint
+    torchdata's own class saved: that one raises ``ValueError`` naming it
+    (its workers' snapshots have no counterpart in threads). torchdata's
+    class given this one's state does not refuse it, and starts its epoch
+    afresh: a run moved between the two resumes from an epoch's start."""
 
     def __init__(self, *args: Any, snapshot_every_n_steps: int | None = 1, **kwargs: Any) -> None:
         if snapshot_every_n_steps is not None:
@@ -333,6 +341,21 @@ class StatefulDataLoader(DataLoader[_T_co]):
 
 
 TORCH_LOADER = "torch.utils.data.DataLoader"   # the framework part's name in the resume state
+# Keys of a state torchdata's own StatefulDataLoader saved (with 0 workers; with workers).
+_TORCHDATAS = frozenset(("_num_yielded", "_sampler_iter_state", "_index_sampler_state", "_snapshot"))
+
+
+def _refuse_torchdatas(state: Any) -> None:
+    """ValueError for a checkpoint torchdata's StatefulDataLoader saved: its
+    workers' snapshots have no counterpart in these threads, so it is named
+    as what it is rather than as a state with a bad format."""
+    if isinstance(state, dict) and not _TORCHDATAS.isdisjoint(state):
+        keys = sorted(_TORCHDATAS.intersection(state))
+        raise ValueError(f"state is a checkpoint of torchdata's own StatefulDataLoader (keys {keys}), which "
+                         "prefetch.torch's loaders cannot load: they load a state_dict() of "
+                         "prefetch.torch.DataLoader or prefetch.torch.StatefulDataLoader only. Resume from "
+                         "the start of that checkpoint's epoch with a new loader, and save the later "
+                         "checkpoints from prefetch.torch's")
 
 
 def _base_seed(generator: Any) -> int:
