@@ -329,9 +329,10 @@ class StatefulDataLoader(DataLoader[_T_co]):
     Its ``load_state_dict`` loads what ``state_dict()`` of this class or of
     ``prefetch.torch.DataLoader`` gave (the same format), not a checkpoint
     torchdata's own class saved: that one raises ``ValueError`` naming it
-    (its workers' snapshots have no counterpart in threads). torchdata's
-    class given this one's state does not refuse it, and starts its epoch
-    afresh: a run moved between the two resumes from an epoch's start."""
+    (its workers' snapshots have no counterpart in threads). Nor does
+    torchdata's class load this one's state (its ``load_state_dict`` takes
+    it, and its next ``iter()`` fails on a missing key): a run moved between
+    the two resumes from the start of the checkpoint's epoch."""
 
     def __init__(self, *args: Any, snapshot_every_n_steps: int | None = 1, **kwargs: Any) -> None:
         if snapshot_every_n_steps is not None:
