@@ -143,8 +143,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       ahead; with ``num_workers=0``, ``prefetch_factor`` ahead where torch reads
       none), so the generator's later draws do not depend on the threads'
       timing; the process-wide ``random``/``torch``/``numpy``
-      generators are not reseeded per thread (they are shared): use
-      ``get_worker_info().rng``, or, in a map-style dataset,
+      generators are not reseeded per thread (they are shared): draw from
+      the thread's own ``get_worker_info().rng.numpy_generator`` (or
+      ``.random_generator``, ``.torch_generator``: ``rng`` holds three
+      generators and is none itself), or, in a map-style dataset,
       ``prefetch.sample_rng()`` (seeded from torch's base seed: the same
       torch seed gives the same draws, whichever thread loads the sample).
     ``close()`` (or ``with``) releases persistent threads at once; otherwise
