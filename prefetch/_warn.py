@@ -13,7 +13,7 @@ import threading
 import types
 import warnings
 import weakref
-from typing import Optional
+from typing import Iterator, Optional
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Frames that are machinery between prefetch and the user (finalizers, atexit hooks,
@@ -53,7 +53,7 @@ _pointing = threading.local()   # .at: where this thread's warnings point for no
 
 
 @contextlib.contextmanager
-def pointing_at(at: Optional[Location]):  # type: ignore[no-untyped-def]
+def pointing_at(at: Optional[Location]) -> Iterator[None]:
     """Warnings given on this thread inside it point at ``at`` (where the
     object a finalizer closes was created): the line on the stack then is
     whatever ran when the collector did, or none at all (interpreter exit)."""
