@@ -192,7 +192,7 @@ cdef object _plain_array(object leaf, list nodes, Py_ssize_t j):
     over the same memory. A masked array is refused: its mask would be lost."""
     if isinstance(leaf, np.ma.MaskedArray):
         raise TypeError(
-            f"the default collate does not stack a {type(leaf).__name__} (at {_leaf_path(nodes, j)}): "
+            f"the default collate does not stack {article(type(leaf).__name__)} (at {_leaf_path(nodes, j)}): "
             f"its mask would be lost; pass collate= to batch such samples")
     return np.asarray(leaf)
 
@@ -369,7 +369,9 @@ cdef object _align(list ref, list got):
 
 
 cdef str _structure_message(object want, object got, str where):
-    head = f"the sample's structure differs from the batch's first sample at {where}"
+    # At the root the path is the sample itself: "at sample" would name nothing.
+    head = "the sample's structure differs from the batch's first sample" + (
+        f" at {where}" if where != "sample" else "")
     tail = "every sample of a batch must have the same structure"
     if want is not None and got is not None and (<tuple>want)[0] == (<tuple>got)[0] == K_DICT:
         wkeys = (<tuple>want)[1]
@@ -415,8 +417,7 @@ cdef tuple _cols_layout(list nodes, list cols):
 
 cdef str _leaf_message(str path, tuple want, tuple got):
     if want[0] is not got[0]:
-        return (f"{path} is a {(<type>got[0]).__name__} where the batch's first sample has a "
-                f"{(<type>want[0]).__name__}")
+        return f"{path} is {kind_of(<type>got[0])} where the batch's first sample has {kind_of(<type>want[0])}"
     return (f"{path} has shape {got[1]} and dtype {got[2]} where the batch's first sample has "
             f"shape {want[1]} and dtype {want[2]}")
 
@@ -437,6 +438,37 @@ cdef object _layout_differs(tuple want, tuple got):
         g = <tuple>gdesc[idx[j]]
         if w[0] is not g[0] or w[1] != g[1] or w[2] != g[2]:
             return _leaf_message(_leaf_path(wnodes, j), w, g)
+    return None
+
+
+cdef str _node_kind(object node):
+    """A node of a sample's tree as a message names it: "a dict"."""
+    kind = (<tuple>node)[0]
+    return ("a tuple" if kind == K_TUPLE else "a list" if kind == K_LIST else "a dict" if kind == K_DICT
+            else f"a container of {(<tuple>node)[2]} items")
+
+
+cdef object _none_in(tuple none_side, tuple other, Py_ssize_t other_row):
+    """Why a sample laid out as ``none_side`` (nodes, leaf descriptions)
+    differs from row ``other_row``'s, laid out as ``other``, where the reason
+    is a None in it (the whole sample, or one of its leaves) and a value in
+    the other: that None is the mistake (dataset[i] returned None), whichever
+    row the batch compared first. None where that is not why they differ."""
+    cdef list nn = none_side[0], on = other[0], nd = none_side[1], od = other[1]
+    cdef Py_ssize_t j
+    NoneType = type(None)
+    where = f"where row {other_row + 1} of the batch has"
+    if len(nn) == 1 and nn[0] is None and (<tuple>nd[0])[0] is NoneType:
+        if on[0] is not None:
+            return f"sample is None, {where} {_node_kind(on[0])}"
+        if (<tuple>od[0])[0] is not NoneType:
+            return f"sample is None, {where} {kind_of((<tuple>od[0])[0])}"
+        return None
+    if _tree_differs(nn, on) >= 0 or len(nd) != len(od):
+        return None
+    for j in range(len(nd)):
+        if (<tuple>nd[j])[0] is NoneType and (<tuple>od[j])[0] is not NoneType:
+            return f"{_leaf_path(nn, j)} is None, {where} {kind_of((<tuple>od[j])[0])}"
     return None
 
 

@@ -200,7 +200,7 @@ cdef class CopyPlan(_LeafSink):
         slots = _slot_names(t)
         if slots is None:
             raise TypeError(
-                f"prefetch cannot copy a {t.__module__}.{t.__qualname__} array: a subclass "
+                f"prefetch cannot copy {article(t.__module__)}.{t.__qualname__} array: a subclass "
                 f"attribute shadows one of its __slots__, so its state cannot be copied by name; "
                 f"tell prefetch how with prefetch.register_leaf({t.__qualname__}, copy)")
         state = PyObject_GenericGetDict(out, NULL) if t.__dictoffset__ != 0 else None

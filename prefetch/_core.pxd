@@ -338,6 +338,7 @@ cdef class _StackAssembly(_Assembly):
 
     cdef _settle(self, _StackBatch b, Py_ssize_t row, list nodes, list leaves, list ref, list cols,
                  bint differs, object idx)
+    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why)
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why)
     cdef size_t _keep_blocks(self, list cols)
 

@@ -49,7 +49,7 @@ from copy import copy as _shallow_copy
 import numpy as np
 
 from prefetch import _warn
-from prefetch._options import usable_cpus
+from prefetch._options import article, kind_of, seconds, usable_cpus
 from prefetch._types import ClosedError, GILBoundWarning, WorkerInfo
 
 cnp.import_array()

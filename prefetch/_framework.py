@@ -21,15 +21,25 @@ points to the framework's own process loader.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from prefetch import _warn
 from prefetch._core import MAP_KEYS_UNCHECKED, set_sample_index
-from prefetch._options import MAX_EPOCH, Options, check_int, check_num_workers
+from prefetch._lifecycle import close_aside
+from prefetch._options import (
+    MAX_EPOCH,
+    Options,
+    check_batch_size,
+    check_dataset,
+    check_int,
+    check_num_workers,
+)
 from prefetch._replica import replica
 from prefetch._resume import _Resume, check_state, make_state, order_part, try_state
 from prefetch._types import ClosedError, GILBoundWarning, Stats
-from prefetch._warn import warn_consumer
+from prefetch._warn import machinery, warn_consumer
+from prefetch._warn import warn as warn_at_user
 from prefetch.adapters import (
     register_collate,
     register_container,
@@ -41,17 +51,10 @@ from prefetch.iterator import Prefetcher
 from prefetch.loader import Loader, _Mapped, ints
 
 __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "FrameworkMap", "GILBoundWarning", "Options",
-           "Prefetcher", "Stats", "check_int", "check_num_workers", "check_state", "ints", "make_state",
-           "order_part", "register_collate", "register_container", "register_device", "register_leaf",
+           "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int", "check_num_workers",
+           "check_state", "close_when_dropped", "ints", "machinery", "make_state", "order_part",
+           "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "set_sample_index", "try_state", "warn_at_user", "warn_consumer"]
-
-
-def warn_at_user(message: str, category: type[Warning], *framework_dirs: str) -> None:
-    """A drop-in's warning at the user's line: past prefetch's frames and
-    the framework's own (its folders ``framework_dirs``), through which a
-    drop-in's methods are called (a constructor's ``super().__init__``,
-    ``__iter__``)."""
-    _warn.warn(message, category, past=framework_dirs)
 
 
 class _ThreadLoad:
@@ -177,3 +180,12 @@ class FrameworkMap(_Mapped):  # type: ignore[type-arg]
 
     def _stage_hooks(self) -> dict[str, Any]:
         return self._hooks
+
+
+def close_when_dropped(owner: Any, close: Callable[[], None]) -> None:
+    """``close()`` once ``owner`` (a framework's iterator, which has no
+    close() of its own: torch's) is collected, on a thread of its own: the
+    line that dropped it does not wait for a thread still inside the dataset,
+    and a warning about one points at the user's line that made ``owner``
+    (past the framework's frames named by ``machinery``)."""
+    weakref.finalize(owner, close_aside, close, _warn.user_location())

@@ -10,6 +10,7 @@ pool.
 from __future__ import annotations
 
 import atexit
+import threading
 import weakref
 from typing import Any, Callable, Optional
 
@@ -45,12 +46,32 @@ def _close_all(core: Optional[_Core], owned: tuple[Any, ...],
     """Close the epoch's core, then what outlives the epochs; a warning about
     a stuck thread points at ``at`` (the creation line, from a finalizer) or
     at the user's line."""
-    try:
-        if core is not None:
-            core.close(at=at)
-    finally:
-        for thing in owned:   # a loader's stage or batch copy, a device delivery, the pool
-            thing.close()
+    with _warn.pointing_at(at):
+        try:
+            if core is not None:
+                core.close(at=at)
+        finally:
+            for thing in owned:   # a loader's stage or batch copy, a device delivery, the pool
+                thing.close()
+
+
+def close_aside(close: Callable[[], None], at: Optional[tuple[str, int]]) -> None:
+    """``close()`` on a daemon thread of its own, its warnings pointing at
+    ``at`` (the user's line that made what it closes): a finalizer's close of
+    a dropped framework iterator (torch's have no close()), so the line that
+    dropped it never waits for a thread still inside the dataset. At
+    interpreter exit, here and now."""
+    def closing() -> None:
+        with _warn.pointing_at(at):
+            close()
+
+    if not _exiting:
+        try:
+            threading.Thread(target=closing, name="prefetch-close", daemon=True).start()
+            return
+        except RuntimeError:   # no new thread now (the interpreter is shutting down)
+            pass
+    closing()
 
 
 class _Lifecycle(_Iterator):

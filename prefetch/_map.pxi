@@ -41,8 +41,9 @@ def sample_rng():
     """
     sample = getattr(_tls, "sample", None)
     if sample is None:
-        raise RuntimeError("sample_rng() is called inside dataset[i] (or map's function) while a "
-                           "prefetch loader thread runs it; this thread is not loading a sample")
+        raise RuntimeError("sample_rng() can only be called inside dataset[i] or map's function while a "
+                           "prefetch loader thread runs it; this thread is not loading a sample (to draw "
+                           "elsewhere, make a numpy.random.Generator of your own)")
     seed, epoch, key = sample
     if type(key) is not int:
         # Any integer is an index (a numpy permutation as the sampler): its

@@ -9,6 +9,7 @@ import itertools
 import math
 import numbers
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -32,6 +33,64 @@ AUTO_MAX_THREADS = 64
 _names = itertools.count(1)
 
 
+_AN = re.compile(r"(?:[aeio]|u(?!ni|int|s)|nd)", re.IGNORECASE)   # "an int", "an ndarray", "a uint8"
+
+
+def article(noun: str) -> str:
+    """``noun`` with its English article, as a message reads it: "an int",
+    "an ndarray", "a float"."""
+    return f"an {noun}" if _AN.match(noun) else f"a {noun}"
+
+
+def kind_of(value_type: type) -> str:
+    """A type as a message names a value of it: "None", "an int"."""
+    return "None" if value_type is type(None) else article(value_type.__name__)
+
+
+def seconds(s: float) -> str:
+    """A duration as people read it: "2.0 s", not "1.999994509 s"."""
+    return f"{s:.1f} s" if s >= 1 else f"{s:.2g} s"
+
+
+# A framework loader's argument, as its users bring it to Loader: the name
+# Loader gives it, and whose name it is.
+_HABITS = {
+    "num_workers": ("workers", "a DataLoader's"),
+    "collate_fn": ("collate", "torch's DataLoader's"),
+    "worker_init_fn": ("worker_init", "torch's DataLoader's"),
+    "batchify_fn": ("collate", "Gluon's DataLoader's"),
+}
+
+
+def check_habits(owner: str, kwargs: dict[str, Any]) -> None:
+    """TypeError for a keyword ``owner`` has under another name (a framework
+    loader's): naming it, its value and the name to use instead. Other
+    unknown keywords are left to Python's own message."""
+    for arg, value in kwargs.items():
+        if arg in _HABITS:
+            ours, whose = _HABITS[arg]
+            raise TypeError(f"{owner}() has no argument {arg} ({whose} name), got {arg}={value!r}: "
+                            f"pass {ours}={value!r}")
+
+
+def check_dataset(dataset: Any, otherwise: str) -> int:
+    """A map-style dataset (``__getitem__`` and ``__len__``) and its length,
+    checked where it is given: TypeError or ValueError naming its type and
+    what its ``__len__`` returned (Python's own error would come at the first
+    epoch, naming no dataset). ``otherwise``: what to pass for a stream."""
+    cls = type(dataset)
+    if not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__")):
+        raise TypeError(f"dataset must have __getitem__ and __len__, got {dataset!r} ({cls.__name__}); "
+                        f"{otherwise}")
+    n = cls.__len__(dataset)
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"len(dataset) must be an int >= 0, but {cls.__name__}.__len__ returned {n!r} "
+                        f"({type(n).__name__})")
+    if n < 0:
+        raise ValueError(f"len(dataset) must be an int >= 0, but {cls.__name__}.__len__ returned {n!r}")
+    return int(n)
+
+
 def check_int(arg: str, value: Any, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{arg} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
@@ -41,16 +100,17 @@ def check_int(arg: str, value: Any, minimum: int, maximum: int) -> int:
     return number
 
 
-def check_batch_size(value: Any) -> int:
-    """A Loader's ``batch_size`` other than None; the message names None as
-    the way to get samples one by one, and the bound as a user writes it."""
+def check_batch_size(value: Any, alone: bool = True) -> int:
+    """A ``batch_size`` other than None, the bound as a user writes it.
+    ``alone``: None hands out samples one by one (a Loader's), and the
+    message names it; a framework loader's None is its own check."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"batch_size must be an int >= 1, or None for samples one by one, got {value!r} "
-                        f"({type(value).__name__})")
+        raise TypeError(f"batch_size must be an int >= 1{', or None for samples one by one' * alone}, "
+                        f"got {value!r} ({type(value).__name__})")
     number = int(value)
     if number < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {value!r}; batch_size=None hands out "
-                         "each sample alone, without a batch axis")
+        raise ValueError(f"batch_size must be an int >= 1, got {value!r}" + alone * (
+            "; batch_size=None hands out each sample alone, without a batch axis"))
     if number > MAX_BATCH_SIZE:
         raise ValueError(f"batch_size must be an int >= 1 and at most 2**62, got {value!r}")
     return number
@@ -62,8 +122,8 @@ def check_num_workers(value: Any) -> None:
     bare ``TypeError``). A negative int is left to the framework, whose
     message its users search for."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"num_workers must be an int >= 0 (the loading threads; 0: one thread, with "
-                        f"get_worker_info() None), got {value!r} ({type(value).__name__})")
+        raise TypeError(f"num_workers must be an int >= 0 (the loading threads; 0: one thread, as the "
+                        f"framework's main-process loading), got {value!r} ({type(value).__name__})")
     if int(value) > MAX_WORKERS:
         raise ValueError(f"num_workers must be an int >= 0 and at most {MAX_WORKERS} (threads), got {value!r}")
 

@@ -50,8 +50,9 @@ cdef class _StackAssembly(_Assembly):
             if _match(ref, 0, sample, leaves, 0) == len(ref):
                 self.bytes_collated += _fill_row(cols, leaves, row, ref, &bad)
                 if bad != BAD_NONE:
-                    raise ValueError(_leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
-                                                   _leaf_desc(leaves[bad])))
+                    self._differs_from_row0(b, row, _sample_layout(ref, leaves), ref, cols,
+                                            _leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
+                                                          _leaf_desc(leaves[bad])))
                 return layout_bytes
             leaves = []
         nodes = _flatten(sample, _AS_IS, leaves)
@@ -82,10 +83,11 @@ cdef class _StackAssembly(_Assembly):
         if b.layout_row == 0 or b.row0 == R0_AGREES:
             # Row 0 made the columns, or fits them: a sample that does not differs from row 0.
             if bad == BAD_STRUCTURE:
-                raise ValueError(idx)
-            if bad != BAD_NONE:
-                raise ValueError(_leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
-                                               _leaf_desc(leaves[bad])))
+                self._differs_from_row0(b, row, _sample_layout(nodes, mine), ref, cols, idx)
+            elif bad != BAD_NONE:
+                self._differs_from_row0(b, row, _sample_layout(ref, leaves), ref, cols,
+                                        _leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
+                                                      _leaf_desc(leaves[bad])))
             return layout_bytes
         self._settle(b, row, nodes, mine, ref, cols, bad != BAD_NONE, idx)
         return layout_bytes
@@ -138,6 +140,10 @@ cdef class _StackAssembly(_Assembly):
                 odd, b.odd = b.odd, None
                 r = b.min_filled     # filled like the columns: it differs from row 0
             why = _layout_differs(row0, _cols_layout(ref, cols))
+            none = _none_in(row0, _cols_layout(ref, cols), b.layout_row)
+            if none is not None:   # row 0's None is the mistake, not the rows with a value
+                self._blame(b, 0, none)
+                return
             for s, layout in sorted(odd or ()):
                 if s < r:
                     found = _layout_differs(row0, layout)
@@ -167,6 +173,16 @@ cdef class _StackAssembly(_Assembly):
         elif b.row0 == R0_DIFFERS:
             raise ValueError(_layout_differs(b.row0_layout, _cols_layout(ref, cols))
                              or "the sample differs from the batch's first sample")
+
+    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why):
+        """Row ``row``'s sample, laid out as ``mine``, does not fit the columns
+        that row 0 laid out: ValueError ``why``, that row's error; but where
+        row 0 holds None in place of this sample's value, the batch fails
+        naming row 0's sample, the one dataset[i] returned None for."""
+        none = _none_in(_cols_layout(ref, cols), mine, row)
+        if none is None:
+            raise ValueError(why)
+        self._blame(b, 0, none)
 
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why):
         """Fails ``b`` with a ValueError naming ``row``'s sample (found by another thread)."""

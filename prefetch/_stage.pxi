@@ -81,13 +81,17 @@ cdef void _keep_for(pf_pool *pool, size_t batches, size_t nbytes) noexcept:
         pf_pool_set_keep(pool, 2 * batches * nbytes)
 
 
-def _join_or_warn(threads, double grace, str owner, doing, at=None):
+def _join_or_warn(threads, double grace, str owner, doing, at=None, double waited=-1):
     """Join ``threads`` (all within ``grace`` s), except the calling one, and
     warn about each still running, which stays a daemon thread: ``owner``
     names the prefetcher or loader, ``doing(thread)`` what the thread is
-    stuck in. The warning points at ``at`` (filename, line), else at the
-    user's line. True when every thread ended."""
+    stuck in, ``waited`` the seconds it was given in all (``grace`` unless
+    given: a close that spent some of it before). The warning points at
+    ``at`` (filename, line), else at the user's line. True when every
+    thread ended."""
     cdef int64_t deadline = pf_now_ns() + <int64_t>(grace * 1e9)
+    if waited < 0:
+        waited = grace
     me = threading.current_thread()
     stuck = []
     for t in threads:
@@ -99,6 +103,6 @@ def _join_or_warn(threads, double grace, str owner, doing, at=None):
             if t.is_alive():
                 stuck.append(t)
     for t in stuck:
-        _warn.warn(f"{owner}: thread {t.name!r} is still {doing(t)} after {grace} s; it is left "
+        _warn.warn(f"{owner}: thread {t.name!r} is still {doing(t)} after {seconds(waited)}; it is left "
                    f"as a daemon thread and exits when that returns", RuntimeWarning, at)
     return not stuck

@@ -256,7 +256,7 @@ cdef class _LoaderThreads:
         held = self._cv._release_save() if self._cv._is_owned() else None
         try:
             _join_or_warn(threads, max(0.0, (deadline - pf_now_ns()) / 1e9), f"loader {self.name!r}",
-                          _inside_dataset)
+                          _inside_dataset, waited=grace)
         finally:
             if held is not None:
                 self._cv._acquire_restore(held)

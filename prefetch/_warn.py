@@ -6,32 +6,45 @@ than the level Python reports ``sys:1``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import types
 import warnings
 import weakref
-from typing import Optional
+from typing import Iterator, Optional
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# Frames that are machinery between prefetch and the user (finalizers, atexit hooks).
-_MACHINERY = frozenset(os.path.abspath(f) for f in (weakref.__file__,) if f)
+# Frames that are machinery between prefetch and the user (finalizers, atexit hooks,
+# a framework's loader calling its drop-in: see machinery()).
+_MACHINERY = {os.path.abspath(f) for f in (weakref.__file__,) if f}
+_MACHINERY_DIRS: tuple[str, ...] = ()
 
 Location = tuple[str, int]
 
 
-def _is_ours(frame: types.FrameType, past: tuple[str, ...]) -> bool:
+def _is_ours(frame: types.FrameType) -> bool:
     name = os.path.abspath(frame.f_code.co_filename)
-    return name.startswith(_PACKAGE) or name in _MACHINERY or name.startswith(past)
+    return name.startswith(_PACKAGE) or name in _MACHINERY or name.startswith(_MACHINERY_DIRS)
 
 
-def user_frame(past: tuple[str, ...] = ()) -> Optional[types.FrameType]:
-    """The innermost frame of the caller's stack that is not prefetch's own
-    (nor in a folder of ``past``: a framework's code a drop-in is called
-    through); None if there is none."""
+def machinery(path: str) -> None:
+    """Frames of ``path`` (a framework's module whose code calls a drop-in's,
+    as torch's ``DataLoader.__iter__`` calls ``_get_iterator``; a folder
+    when it ends with a separator) are passed over as prefetch's own: a
+    warning points past them."""
+    global _MACHINERY_DIRS
+    if path.endswith(os.sep):
+        _MACHINERY_DIRS += (os.path.abspath(path) + os.sep,)
+    else:
+        _MACHINERY.add(os.path.abspath(path))
+
+
+def user_frame() -> Optional[types.FrameType]:
+    """The innermost frame of the caller's stack that is not prefetch's own; None if there is none."""
     frame: Optional[types.FrameType] = sys._getframe(1)
-    while frame is not None and _is_ours(frame, past):
+    while frame is not None and _is_ours(frame):
         frame = frame.f_back
     return frame
 
@@ -42,12 +55,29 @@ def user_location() -> Optional[Location]:
     return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
-def warn(message: str, category: type[Warning], at: Optional[Location] = None, past: tuple[str, ...] = ()) -> None:
+_pointing = threading.local()   # .at: where this thread's warnings point for now (pointing_at)
+
+
+@contextlib.contextmanager
+def pointing_at(at: Optional[Location]) -> Iterator[None]:
+    """Warnings given on this thread inside it point at ``at`` (where the
+    object a finalizer closes was created): the line on the stack then is
+    whatever ran when the collector did, or none at all (interpreter exit)."""
+    before = getattr(_pointing, "at", None)
+    _pointing.at = at
+    try:
+        yield
+    finally:
+        _pointing.at = before
+
+
+def warn(message: str, category: type[Warning], at: Optional[Location] = None) -> None:
     """Warn at ``at`` when given (where the object was created), else at the user's line on
-    the stack (past the folders ``past`` too); with neither (a finalizer at exit), at the
-    innermost frame there is."""
+    the stack; with neither (a finalizer at exit), at the innermost frame there is."""
     if at is None:
-        frame = user_frame(past)
+        at = getattr(_pointing, "at", None)
+    if at is None:
+        frame = user_frame()
         if frame is None:
             warnings.warn(message, category, stacklevel=2)
             return

@@ -38,6 +38,8 @@ from prefetch._options import (
     check_batch_size,
     check_bool,
     check_callable,
+    check_dataset,
+    check_habits,
     check_int,
     usable_cpus,
 )
@@ -140,6 +142,13 @@ class _Threaded(_Lifecycle):
 
     _kind = "loader"
     _epoch = 0
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Before __init__ (here, not on the subclasses, whose signature
+        # help() shows): a framework loader's name for one of the arguments
+        # gets the message naming ours, not Python's "unexpected keyword".
+        check_habits(cls.__name__, kwargs)
+        return super().__new__(cls)
 
     def _stage_hooks(self) -> dict[str, Any]:
         """What a drop-in gives its map stage (prefetch/_framework.py): each
@@ -383,10 +392,7 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
                  timeout: Optional[float] = None, max_bytes: Optional[int] = None,
                  name: Optional[str] = None,
                  worker_init: Optional[Callable[[int], Any]] = None, epoch: int = 0) -> None:
-        cls = type(dataset)
-        if not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__")):
-            raise TypeError(f"dataset must have __getitem__ and __len__, got {dataset!r} ({cls.__name__}); "
-                            "for an iterable, use prefetch.map(fn, iterable) or Prefetcher")
+        check_dataset(dataset, "for an iterable, use prefetch.map(fn, iterable) or Prefetcher")
         options = Options.check("loader", name=name, depth=depth, workers=workers, max_bytes=max_bytes,
                                 timeout=timeout, seed=seed, ordered=ordered)
         shuffle = check_bool("shuffle", shuffle)

@@ -23,7 +23,16 @@ import types
 
 import numpy as np
 
-from prefetch._framework import ClosedError, FrameworkLoader, Stats, check_state, order_part, replica
+from prefetch._framework import (
+    ClosedError,
+    FrameworkLoader,
+    Stats,
+    check_batch_size,
+    check_num_workers,
+    check_state,
+    order_part,
+    replica,
+)
 from prefetch.mx._mxnet import mx
 
 _gluon_data = mx.gluon.data
@@ -290,11 +299,15 @@ class DataLoader(_gluon_data.DataLoader):
                  last_batch=None, batch_sampler=None, batchify_fn=None,
                  num_workers=0, pin_memory=False, pin_device_id=0,
                  prefetch=None, thread_pool=False, timeout=120, auto_reload=False):
-        # Gluon's checks, in Gluon's order, with its exception types and messages.
+        # Gluon's checks, in Gluon's order, with its exception types and messages;
+        # and those Gluon leaves to its iterator (a ZeroDivisionError, a bare
+        # TypeError comparing num_workers with 0), here where they are given.
+        check_num_workers(num_workers)
         assert timeout > 0, f"timeout must be positive, given {timeout}"
         if batch_sampler is None:
             if batch_size is None:
                 raise ValueError("batch_size must be specified unless batch_sampler is specified")
+            check_batch_size(batch_size, alone=False)
             if sampler is None:
                 if shuffle:
                     sampler = _gluon_data.RandomSampler(len(dataset))

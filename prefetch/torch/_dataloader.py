@@ -34,9 +34,12 @@ from prefetch._framework import (
     ClosedError,
     FrameworkLoader,
     Stats,
+    check_dataset,
     check_int,
     check_num_workers,
     check_state,
+    close_when_dropped,
+    machinery,
     make_state,
     order_part,
     try_state,
@@ -77,7 +80,7 @@ class _OneSample:
 _TORCH_INIT = inspect.signature(torch.utils.data.DataLoader.__init__)
 # torch's own frames, between a drop-in's warning and the user's line (its
 # constructor calls ours through super().__init__, its __iter__ our _get_iterator).
-_TORCH_DATA = os.path.dirname(os.path.abspath(torch.utils.data.__file__)) + os.sep
+machinery(os.path.dirname(os.path.abspath(torch.utils.data.__file__)) + os.sep)
 LOADINGS = ("auto", "threads", "processes")   # where a drop-in loads: its loading= argument
 
 
@@ -87,6 +90,23 @@ def _check_loading(value: Any) -> None:
                         f"({type(value).__name__})")
     if value not in LOADINGS:
         raise ValueError(f"loading must be 'auto', 'threads' or 'processes', got loading={value!r}")
+
+
+_A_STREAM = ("for a generator or any other stream, subclass torch.utils.data.IterableDataset (its "
+             "__iter__ yields the samples) and pass an instance of it")
+
+
+def _check_given(given: dict[str, Any]) -> None:
+    """The arguments torch's constructor accepts and its iterator would fail
+    on (or print without their quotes), refused here, where they are given."""
+    if "dataset" in given and not isinstance(given["dataset"], IterableDataset):
+        check_dataset(given["dataset"], _A_STREAM)
+    if "num_workers" in given:
+        check_num_workers(given["num_workers"])
+    size = given.get("batch_size", 1)
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
+        # torch's condition and words, with the value as written ('4', not 4)
+        raise ValueError(f"batch_size should be a positive integer value, but got batch_size={size!r}")
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -157,8 +177,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       ahead; with ``num_workers=0``, ``prefetch_factor`` ahead where torch reads
       none), so the generator's later draws do not depend on the threads'
       timing; the process-wide ``random``/``torch``/``numpy``
-      generators are not reseeded per thread (they are shared): use
-      ``get_worker_info().rng``, or, in a map-style dataset,
+      generators are not reseeded per thread (they are shared): draw from
+      the thread's own ``get_worker_info().rng.numpy_generator`` (or
+      ``.random_generator``, ``.torch_generator``: ``rng`` holds three
+      generators and is none itself), or, in a map-style dataset,
       ``prefetch.sample_rng()`` (seeded from torch's base seed: the same
       torch seed gives the same draws, whichever thread loads the sample).
     ``close()`` (or ``with``) releases persistent threads at once; otherwise
@@ -177,8 +199,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             given = _TORCH_INIT.bind(self, *args, **kwargs).arguments
         except TypeError:
             given = {}   # a call torch refuses: torch's own __init__ says why, below
-        if "num_workers" in given:
-            check_num_workers(given["num_workers"])
+        _check_given(given)
         super().__init__(*args, **kwargs)
         self._gil_noticed = [False]   # the iterators' GIL notice was given (see _ThreadIter)
 
@@ -267,6 +288,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """
         if self._closed:
             raise ClosedError("this DataLoader is closed: cannot load a state into it")
+        _refuse_torchdatas(state)
         if isinstance(state, dict) and "_iterator_finished" in state:
             # torchdata's key, which Accelerate sets on any loader's state
             # (whether its epoch ended): the state itself says that here.
@@ -310,7 +332,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         warn_at_user(f"This DataLoader will create {self.num_workers} worker {workers} in total. {suggested} "
                      "Please be aware that excessive worker creation might get DataLoader running slow or "
                      "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
-                     UserWarning, _TORCH_DATA)
+                     UserWarning)
 
     def stats(self) -> Stats:
         """The counters of the epoch begun last, as ``prefetch.Loader.stats()``
@@ -357,7 +379,15 @@ class StatefulDataLoader(DataLoader[_T_co]):
     changes nothing: torchdata's workers send their state every that many
     batches, and ``state_dict()`` between two such snapshots replays the
     batches since; here each worker's state travels with each batch, so the
-    state is exact at every step."""
+    state is exact at every step.
+
+    Its ``load_state_dict`` loads what ``state_dict()`` of this class or of
+    ``prefetch.torch.DataLoader`` gave (the same format), not a checkpoint
+    torchdata's own class saved: that one raises ``ValueError`` naming it
+    (its workers' snapshots have no counterpart in threads). Nor does
+    torchdata's class load this one's state (its ``load_state_dict`` takes
+    it, and its next ``iter()`` fails on a missing key): a run moved between
+    the two resumes from the start of the checkpoint's epoch."""
 
     def __init__(self, *args: Any, snapshot_every_n_steps: int | None = 1, **kwargs: Any) -> None:
         if snapshot_every_n_steps is not None:
@@ -367,6 +397,21 @@ class StatefulDataLoader(DataLoader[_T_co]):
 
 
 TORCH_LOADER = "torch.utils.data.DataLoader"   # the framework part's name in the resume state
+# Keys of a state torchdata's own StatefulDataLoader saved (with 0 workers; with workers).
+_TORCHDATAS = frozenset(("_num_yielded", "_sampler_iter_state", "_index_sampler_state", "_snapshot"))
+
+
+def _refuse_torchdatas(state: Any) -> None:
+    """ValueError for a checkpoint torchdata's StatefulDataLoader saved: its
+    workers' snapshots have no counterpart in these threads, so it is named
+    as what it is rather than as a state with a bad format."""
+    if isinstance(state, dict) and not _TORCHDATAS.isdisjoint(state):
+        keys = sorted(_TORCHDATAS.intersection(state))
+        raise ValueError(f"state is a checkpoint of torchdata's own StatefulDataLoader (keys {keys}), which "
+                         "prefetch.torch's loaders cannot load: they load a state_dict() of "
+                         "prefetch.torch.DataLoader or prefetch.torch.StatefulDataLoader only. Resume from "
+                         "the start of that checkpoint's epoch with a new loader, and save the later "
+                         "checkpoints from prefetch.torch's")
 
 
 def _order(loader: DataLoader) -> dict[str, Any]:
@@ -501,11 +546,11 @@ class _ThreadIter:
     def __init__(self, loader: DataLoader) -> None:
         if loader.pin_memory and loader.pin_memory_device:
             warn_at_user("pin_memory_device is deprecated, the current accelerator will be used as the "
-                         f"device,ignore pin_memory_device='{loader.pin_memory_device}'.", UserWarning, _TORCH_DATA)
+                         f"device,ignore pin_memory_device='{loader.pin_memory_device}'.", UserWarning)
         self._pin = loader.pin_memory and torch.accelerator.is_available()
         if loader.pin_memory and not self._pin:
             warn_at_user("'pin_memory' argument is set as true but no accelerator is found, then device "
-                         "pinned memory won't be used.", UserWarning, _TORCH_DATA)
+                         "pinned memory won't be used.", UserWarning)
         accelerator = torch.accelerator.current_accelerator() if self._pin else None
         self._pin_device = accelerator.type if accelerator is not None else None
         self._timeout = loader.timeout
@@ -578,9 +623,10 @@ class _ThreadIter:
             if self._batches is not None:
                 self._batches.dropped = resume["batches"]   # read again as the epoch begins, then dropped
         self.position = _Position(self, self._source, self._persistent)
-        # torch's iterators have no close(): one dropped mid-epoch closes its loader.
-        weakref.finalize(self, self._source.close)
-        weakref.finalize(self, self._workers.close)
+        # torch's iterators have no close(): one dropped mid-epoch closes its loader,
+        # not making the dropping line wait for a thread inside dataset[i].
+        close_when_dropped(self, self._source.close)
+        close_when_dropped(self, self._workers.close)
         self._done = False
         self._convert = getattr(self, "_convert", False)
         self._yielded = self._taken = 0   # batches of the epoch handed out; and failed too

@@ -41,6 +41,7 @@ from prefetch._framework import GILBoundWarning, Stats, warn_consumer
 from prefetch.torch._sampler import decode_generator
 from prefetch.torch._torch import torch
 
+
 class Choice:
     """One DataLoader's: its ``loading=``, and whether its epochs now load in processes."""
 

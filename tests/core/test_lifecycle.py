@@ -183,6 +183,30 @@ def test_fork_child_exiting_normally_does_not_hang():
     assert r.stdout.strip() == "0"
 
 
+def test_interpreter_exit_with_a_loader_stuck_in_the_dataset_warns_at_the_line_that_made_it():
+    """§4: the warning about a loader thread left inside dataset[i] at exit
+    points at the user's line that created the loader (with nothing of the
+    user's on the stack, it pointed into prefetch), with the grace rounded."""
+    r = run_python(textwrap.dedent("""
+        import threading
+        import prefetch
+        inside = threading.Event()
+        class Stuck:
+            def __len__(self):
+                return 4
+            def __getitem__(self, i):
+                inside.set()
+                threading.Event().wait()
+        loader = prefetch.Loader(Stuck(), workers=1)
+        it = iter(loader)
+        assert inside.wait(30)
+        print("ok")
+    """), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "still inside the dataset after 2.0 s; it is left as a daemon thread" in r.stderr, r.stderr
+    assert "<string>:11: RuntimeWarning" in r.stderr and "prefetch/" not in r.stderr, r.stderr
+
+
 def test_unclosed_running_prefetcher_warns_at_the_line_that_created_it():
     """§2: a prefetcher dropped mid-stream without close() warns, as an unclosed
     file does, pointing at the line that created it; a finished one does not."""

@@ -215,8 +215,9 @@ def test_sample_rng_is_reproducible_whatever_thread_runs_the_sample():
     assert len({tuple(r) for r in a[0]}) == 40               # samples differ
 
 
-def test_sample_rng_outside_a_loader_thread_raises():
-    with pytest.raises(RuntimeError, match="inside dataset"):
+def test_sample_rng_outside_a_loader_thread_raises_stating_the_rule():
+    with pytest.raises(RuntimeError, match=r"^sample_rng\(\) can only be called inside dataset\[i\] or map's "
+                                           r"function while a prefetch loader thread runs it"):
         prefetch.sample_rng()
     assert prefetch.worker_info() is None
 
@@ -394,7 +395,8 @@ def test_close_while_a_sample_hangs_returns_and_frees_everything():
     it = iter(loader)
     try:
         assert entered.wait(10)
-        with pytest.warns(RuntimeWarning, match="still inside the dataset"):
+        # The grace given, as people read it (not the 0.0999... s left of it).
+        with pytest.warns(RuntimeWarning, match=r"still inside the dataset after 0\.1 s; it is left"):
             loader._stage.close(0.1)   # the grace close() gives, shortened
     finally:
         release.set()

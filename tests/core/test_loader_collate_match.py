@@ -128,7 +128,7 @@ def test_another_key_order_is_aligned_to_row_0s():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("odd, message", [
-    ({"a": 1.5, "b": [1, "x"]}, r"sample\['a'\] is a float where the batch's first sample has a int"),
+    ({"a": 1.5, "b": [1, "x"]}, r"sample\['a'\] is a float where the batch's first sample has an int"),
     ({"a": 1, "b": (1, "x")}, r"structure differs"),
     ({"a": 1, "b": [1, "x", 2]}, r"3 items where the batch's first sample has 2"),
     ({"a": 1, "b": [[1], "x"]}, r"structure differs"),

@@ -87,7 +87,7 @@ def test_defect_2_dtype_and_structure_differences_name_the_odd_sample():
 
     samples = [(np.zeros(3), 1), (np.zeros(3), 2.5)] + [(np.zeros(3), 1)] * 4
     message, notes = the_error(RowZeroLast(samples, release=2), batch_size=2)
-    assert "sample[1] is a float where the batch's first sample has a int" in message
+    assert "sample[1] is a float where the batch's first sample has an int" in message
     assert "sample 1, row 2 of batch 1" in notes
 
 
@@ -199,3 +199,52 @@ def test_defect_12_dicts_whose_keys_differ_name_the_key():
         with pytest.raises(ValueError, match=r"sample\['b'\] is missing") as info:
             list(loader)
     assert "sample 1" in " ".join(info.value.__notes__)
+
+
+def one_thread_error(samples, batch_size):
+    """The error and notes of a one-thread Loader over ``samples``: rows are
+    collated in order, row 0 first."""
+    with Loader(samples, batch_size=batch_size, workers=1) as loader:
+        with pytest.raises(ValueError) as info:
+            list(loader)
+    return str(info.value), " ".join(getattr(info.value, "__notes__", []))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("order", ["row 0 first", "row 0 last"])
+def test_a_batch_whose_first_sample_is_none_names_that_sample_not_the_next(order):
+    """dataset[4] returned None, the first sample of batch 2: the error names
+    sample 4, row 1 (and its path), never sample 5, the good one compared
+    with it; whichever row is collated first."""
+    samples = [np.zeros(2)] * 4 + [None] + [np.zeros(2)] * 3
+    if order == "row 0 first":
+        message, notes = one_thread_error(samples, batch_size=4)
+    else:
+        message, notes = the_error(RowZeroLast(samples[4:], release=2), batch_size=4)
+    assert message.startswith("sample is None, where row"), message
+    assert "of the batch has an ndarray" in message
+    want = "sample 4, row 1 of batch 2" if order == "row 0 first" else "sample 0, row 1 of batch 1"
+    assert want in notes, notes
+
+
+@pytest.mark.timeout(60)
+def test_a_none_field_of_the_first_sample_is_named_by_its_path():
+    samples = [{"x": None, "y": 1}] + [{"x": np.zeros(2), "y": 1}] * 3
+    message, notes = one_thread_error(samples, batch_size=4)
+    assert message == "sample['x'] is None, where row 2 of the batch has an ndarray"
+    assert "sample 0, row 1 of batch 1" in notes
+
+
+@pytest.mark.timeout(60)
+def test_a_none_later_in_the_batch_is_still_that_samples_error():
+    samples = [np.zeros(2), None, np.zeros(2), np.zeros(2)]
+    message, notes = one_thread_error(samples, batch_size=4)
+    assert message == "sample is None where the batch's first sample has an ndarray"
+    assert "sample 1, row 2 of batch 1" in notes
+
+
+@pytest.mark.timeout(60)
+def test_a_structure_that_differs_at_the_root_names_no_empty_path():
+    message, _ = one_thread_error([(1, 2), (1, 2, 3)], batch_size=2)
+    assert "at sample:" not in message
+    assert message.startswith("the sample's structure differs from the batch's first sample: 3 items where")

@@ -1,7 +1,13 @@
-"""Messages as a user reads them (issue 26 item 4): the public types under the
-names users import, and a bad batch_size stated as a user would write it."""
+"""Messages as a user reads them (SPEC §2, §4): the public types under the
+names users import, a bad batch_size stated as a user would write it, and
+MISTAKES, the table of what a new user gets wrong at a Loader's constructor,
+each refused there, naming the argument, its value and the fix. The same
+mistakes at the drop-ins' constructors: tests/pytorch/test_torch_dataloader.py
+(MISTAKES there) and tests/mx/test_mx_dataloader.py (MISTAKES there);
+prefetch.Prefetcher's bad arguments: BAD_ARGS in test_bad_input.py."""
 import pickle
 import re
+import threading
 import traceback
 
 import pytest
@@ -59,3 +65,79 @@ def test_batch_size_none_and_numpy_ints_still_work():
         assert [int(x) for x in loader] == [0, 1, 2, 3]
     with prefetch.Loader(list(range(4)), batch_size=np.int64(2), workers=1) as loader:
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+class Sized:
+    """A map-style dataset whose ``__len__`` returns ``n`` as given; it counts
+    the samples loaded from it."""
+
+    def __init__(self, n=4):
+        self.n = n
+        self.loaded = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.loaded += 1
+        return i
+
+
+def _stream():
+    yield from range(4)
+
+
+# (what the user wrote, the call on a Sized() dataset, exception, what the
+# message must say: the argument or the dataset's type, the value, the fix).
+MISTAKES = [
+    ("Loader(ds, num_workers=2)", lambda ds: prefetch.Loader(ds, num_workers=2), TypeError,
+     ["num_workers", "got num_workers=2", "pass workers=2"]),
+    ("Loader(ds, collate_fn=list)", lambda ds: prefetch.Loader(ds, collate_fn=list), TypeError,
+     ["collate_fn", "got collate_fn=<class 'list'>", "pass collate=<class 'list'>"]),
+    ("Loader(ds, worker_init_fn=print)", lambda ds: prefetch.Loader(ds, worker_init_fn=print), TypeError,
+     ["worker_init_fn", "pass worker_init=<built-in function print>"]),
+    ("Loader(ds, batchify_fn=list)", lambda ds: prefetch.Loader(ds, batchify_fn=list), TypeError,
+     ["batchify_fn", "Gluon", "pass collate=<class 'list'>"]),
+    ("__len__ returns -1", lambda ds: prefetch.Loader(Sized(-1)), ValueError,
+     ["len(dataset) must be an int >= 0", "Sized.__len__ returned -1"]),
+    ("__len__ returns 10.0", lambda ds: prefetch.Loader(Sized(10.0)), TypeError,
+     ["len(dataset) must be an int >= 0", "Sized.__len__ returned 10.0 (float)"]),
+    ("Loader(generator)", lambda ds: prefetch.Loader(_stream()), TypeError,
+     ["dataset must have __getitem__ and __len__", "(generator)", "prefetch.map(fn, iterable)"]),
+]
+
+
+@pytest.mark.parametrize("call, exc, says", [m[1:] for m in MISTAKES], ids=[m[0] for m in MISTAKES])
+def test_a_constructor_mistake_is_refused_there_naming_it_and_the_fix(call, exc, says):
+    """Refused at the call, before a thread starts or a sample loads; the
+    dataset stays usable (the mistake was only an argument)."""
+    ds = Sized()
+    before = threading.active_count()
+    with pytest.raises(exc) as info:
+        call(ds)
+    message = str(info.value)
+    assert all(part in message for part in says), message
+    assert threading.active_count() == before and ds.loaded == 0
+    with prefetch.Loader(ds, batch_size=2, workers=2) as loader:
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_an_unknown_keyword_of_no_framework_keeps_pythons_message():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        prefetch.Loader(Sized(), bogus=1)
+
+
+@pytest.mark.parametrize("noun, said", [("int", "an int"), ("ndarray", "an ndarray"), ("NDArray", "an NDArray"),
+                                        ("float", "a float"), ("uint8", "a uint8"), ("object", "an object"),
+                                        ("UserDict", "a UserDict")])
+def test_a_type_is_named_with_its_english_article(noun, said):
+    from prefetch._options import article
+
+    assert article(noun) == said
+
+
+@pytest.mark.parametrize("s, said", [(1.999994509, "2.0 s"), (2.0, "2.0 s"), (12.345, "12.3 s"), (0.25, "0.25 s")])
+def test_a_duration_is_rounded_as_people_read_it(s, said):
+    from prefetch._options import seconds
+
+    assert seconds(s) == said

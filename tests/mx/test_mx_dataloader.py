@@ -61,6 +61,28 @@ def test_bad_arguments_raise_what_gluon_raises(kwargs):
     assert str(ours.value) == str(theirs.value) and str(ours.value)
 
 
+# A new user's mistakes that Gluon's constructor accepts and its iterator
+# fails on obscurely (a ZeroDivisionError; "'>=' not supported between
+# instances of 'str' and 'int'"): refused at the constructor, naming the
+# argument and its value (as MISTAKES in tests/core/test_messages.py).
+MISTAKES = [
+    (dict(batch_size=0), ValueError, "batch_size must be an int >= 1, got 0"),
+    (dict(batch_size="2"), TypeError, "batch_size must be an int >= 1, got '2' (str)"),
+    (dict(batch_size=2.0), TypeError, "batch_size must be an int >= 1, got 2.0 (float)"),
+    (dict(batch_size=2, num_workers="2"), TypeError, "num_workers must be an int >= 0"),
+    (dict(batch_size=2, num_workers=1.5), TypeError, "got 1.5 (float)"),
+]
+
+
+@pytest.mark.parametrize("kwargs, exc, says", MISTAKES, ids=[repr(m[0]) for m in MISTAKES])
+def test_a_mistake_gluon_accepts_is_refused_at_the_constructor(kwargs, exc, says):
+    before = threading.active_count()
+    with pytest.raises(exc) as info:
+        DataLoader(list(range(6)), **kwargs)
+    assert says in str(info.value) and "None" not in str(info.value), str(info.value)
+    assert threading.active_count() == before
+
+
 class Pairs(gluon.data.Dataset):
     """(NDArray, number) samples; numbers of a dtype per kind."""
 

@@ -11,8 +11,10 @@ import collections
 import gc
 import math
 import random
+import sys
 import threading
 import traceback
+import warnings
 
 import numpy as np
 import pytest
@@ -630,3 +632,92 @@ def test_stats_are_the_loaders_counters_of_the_epoch_begun_last(iterable):
     assert stats.samples >= (6 if iterable else 12) and stats.load_s > 0
     loader.close()
 
+
+
+# -- a new user's mistakes at the constructor (as MISTAKES in tests/core/test_messages.py) --
+
+class SizedAs(Dataset):
+    """A map-style dataset whose ``__len__`` returns ``n`` as given; counts its loads."""
+
+    def __init__(self, n=4):
+        self.n = n
+        self.loaded = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.loaded += 1
+        return i
+
+
+def _stream():
+    yield from range(4)
+
+
+# (what the user wrote, the call on a SizedAs() dataset, exception, what the message must say)
+MISTAKES = [
+    ("DataLoader(generator)", lambda ds: DataLoader(_stream()), TypeError,
+     ["dataset must have __getitem__ and __len__", "(generator)", "torch.utils.data.IterableDataset"]),
+    ("__len__ returns -1", lambda ds: DataLoader(SizedAs(-1)), ValueError,
+     ["len(dataset) must be an int >= 0", "SizedAs.__len__ returned -1"]),
+    ("__len__ returns 10.0", lambda ds: DataLoader(SizedAs(10.0)), TypeError,
+     ["SizedAs.__len__ returned 10.0 (float)"]),
+    ("DataLoader(ds, batch_size='4')", lambda ds: DataLoader(ds, batch_size="4"), ValueError,
+     ["batch_size should be a positive integer value, but got batch_size='4'"]),
+    ("DataLoader(ds, num_workers='2')", lambda ds: DataLoader(ds, num_workers="2"), TypeError,
+     ["num_workers must be an int >= 0", "got '2' (str)"]),
+]
+
+
+@pytest.mark.parametrize("call, exc, says", [m[1:] for m in MISTAKES], ids=[m[0] for m in MISTAKES])
+def test_a_constructor_mistake_is_refused_there_naming_it_and_the_fix(call, exc, says):
+    """At the constructor, not at iter() through the drop-in's frames; before
+    a thread starts or a sample loads; the dataset stays usable."""
+    ds = SizedAs()
+    before = threading.active_count()
+    with pytest.raises(exc) as info:
+        call(ds)
+    assert all(part in str(info.value) for part in says), str(info.value)
+    assert threading.active_count() == before and ds.loaded == 0
+    with DataLoader(ds, batch_size=2, num_workers=2) as loader:
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.timeout(60)
+def test_dropping_an_iterator_after_a_timeout_does_not_wait_for_dataset_and_warns_at_the_users_line():
+    """torch's iterators have no close(): dropping one after its timeout
+    waited out the 2 s grace on the dropping line, then warned at whatever
+    line ran. The drop returns at once (no warning yet: the grace runs on a
+    thread of its own); a thread still inside dataset[i] past it is warned
+    about at the line that made the iterator."""
+    inside, release = threading.Event(), threading.Event()
+
+    class Stuck(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            inside.set()
+            release.wait(30)
+            return i
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            line = sys._getframe().f_lineno + 1
+            it = iter(DataLoader(Stuck(), batch_size=2, timeout=0.2))
+            with pytest.raises(RuntimeError, match="timed out"):
+                next(it)
+            assert inside.is_set()
+            del it
+            gc.collect()
+            at_drop = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+            for t in [t for t in threading.enumerate() if t.name == "prefetch-close"]:
+                t.join(30)   # the grace, spent on the closing thread
+        finally:
+            release.set()
+    assert at_drop == []
+    stuck = [w for w in caught if "still inside the dataset after 2.0 s" in str(w.message)]
+    assert len(stuck) == 1, [str(w.message) for w in caught]
+    assert (stuck[0].filename, stuck[0].lineno) == (__file__, line)

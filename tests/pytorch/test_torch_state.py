@@ -427,3 +427,23 @@ def test_load_state_dict_mid_epoch_leaves_the_held_iterator_going_as_torchdatas(
     expected = (list(range(4, 24)), list(range(24)))
     assert held_after_load(stateful.StatefulDataLoader, persistent) == expected   # the control
     assert held_after_load(DataLoader, persistent) == expected
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")   # torchdata's own
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_checkpoint_torchdatas_own_class_saved_is_refused_naming_it(num_workers):
+    """torchdata's StatefulDataLoader state (its own keys; with workers, its
+    snapshot) was refused as "not a prefetch loader's state (its format is
+    None)": now a ValueError saying whose checkpoint it is, and the loader
+    stays usable."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    theirs = stateful.StatefulDataLoader(list(range(12)), batch_size=3, num_workers=num_workers)
+    it = iter(theirs)
+    next(it)
+    state = theirs.state_dict()
+    del it
+    with StatefulDataLoader(list(range(12)), batch_size=3, num_workers=num_workers) as ours:
+        with pytest.raises(ValueError, match=r"^state is a checkpoint of torchdata's own StatefulDataLoader "
+                                             r"\(keys \[.*\]\), which prefetch\.torch's loaders cannot load"):
+            ours.load_state_dict(state)
+        assert flat(ours) == list(range(12))
