@@ -55,8 +55,20 @@ def gil_bound(monkeypatch):
     monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
 
 
+_earlier: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def earlier_children():
+    """Processes an earlier test left for the session (multiprocessing's
+    resource tracker lives as long as its parent) are not this test's."""
+    _earlier.clear()
+    _earlier.update(p.pid for p in psutil.Process().children(recursive=True))
+
+
 def children():
-    return psutil.Process().children(recursive=True)
+    """The child processes this test started (torch's workers) still there."""
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in _earlier]
 
 
 def run(dl, epochs=1):
