@@ -102,11 +102,13 @@ cdef class _MapStage(_ThreadWork):
     def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
                   int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0, auto=None, *,
                   per_thread=None, Py_ssize_t lookahead=0, bint go_on=False, remedy=None,
-                  bint gil_noticed=False):
+                  bint gil_noticed=False, bint stream=False):
         """``auto``: workers="auto"'s (max_threads, cpus), _Tuner's. A drop-in's
         hooks (prefetch/_framework.py): each thread's own load, the batches
         opened and not yet consumed at most, a batch's error that the epoch
-        goes on after, the GIL notice's remedy, already given."""
+        goes on after, the GIL notice's remedy, already given. ``stream``:
+        ``per_thread(worker_id)`` gives each thread its worker of a stream
+        (prefetch/_streams.py), whose batches it alone reads."""
         self.load = load
         self.per_thread = per_thread
         self.go_on = go_on
@@ -124,6 +126,8 @@ cdef class _MapStage(_ThreadWork):
         self.epochs = _Epochs(max_bytes, lookahead)
         self.n_keys = KEYS_ANY
         self.gauge = _Gauge(name, remedy, gil_noticed)
+        if stream:
+            self.readers, self.filling, self.filling_row = [], [], []
         if auto is not None:
             self.tuner = _Tuner(*auto)
 
@@ -168,7 +172,8 @@ cdef class _MapStage(_ThreadWork):
         _LoaderThreads.ensure)."""
         # Enough batches open for every thread to have a row, and one more
         # so that a thread finishing a batch finds the next one open.
-        self.epochs.window = max(2, (threads + batch_rows - 1) // batch_rows + 1)
+        self.epochs.window = (2 * threads if self.readers is not None   # a slot per worker, and its next
+                              else max(2, (threads + batch_rows - 1) // batch_rows + 1))
         self.asm.keep_batches = self.epochs.window + self.depth + 2   # open, in the ring, held by the user
         self.target = threads
         self.rows = batch_rows
@@ -242,7 +247,16 @@ cdef class _MapStage(_ThreadWork):
         _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch)
         for apply in self.on_thread:
             apply()
-        if self.per_thread is not None:
+        if self.readers is not None:
+            reader = self.per_thread(wid)   # this thread's worker of the stream
+            while len(self.readers) <= wid:
+                self.readers.append(None)
+                self.filling.append(None)
+                self.filling_row.append(0)
+            self.readers[wid] = reader
+            load = reader.sample
+            _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch, reader.dataset)
+        elif self.per_thread is not None:
             load = self.per_thread(wid)   # this thread's own dataset, before worker_init
         if self.worker_init is not None:
             self.worker_init(wid)
@@ -260,6 +274,8 @@ cdef class _MapStage(_ThreadWork):
         cdef _Batch b
         cdef int64_t t0, ready
         cdef _Epochs epochs = self.epochs
+        if self.readers is not None:
+            return self._claim_stream(wid, row)
         while True:
             if self.closed:
                 return None
@@ -285,6 +301,87 @@ cdef class _MapStage(_ThreadWork):
                         ready = self.crew.runs(wid, pf_now_ns())
             self.idle_ns += pf_now_ns() - t0 - ready
 
+    cdef _Batch _claim_stream(self, int wid, Py_ssize_t *row):
+        """A stream's: the next row of the batch this thread's worker read,
+        else its worker's next slot read (this thread alone reads its
+        worker's batches), else a slot opened in turn; None once closed."""
+        cdef _Batch b, slot
+        cdef int64_t t0, ready
+        cdef _Epochs epochs = self.epochs
+        while True:
+            if self.closed:
+                return None
+            b = self.filling[wid]
+            if b is not None:
+                if self.filling_row[wid] < b.n and epochs.epoch_of(b) is not None:
+                    row[0] = self.filling_row[wid]
+                    self.filling_row[wid] += 1
+                    return b
+                self.filling[wid] = None
+            slot = epochs.now.slot_of(wid)
+            if slot is not None:
+                self._read_slot(wid, slot)
+                continue
+            if epochs.to_open() is not None:
+                self._open_batch()
+                continue
+            t0 = pf_now_ns()
+            ready = 0
+            with self._cv:
+                if not self.closed and epochs.to_open() is None and epochs.now.slot_of(wid) is None:
+                    self.crew.waits(wid)
+                    try:
+                        self._cv.wait(WAIT_SLICE_S)
+                    finally:
+                        ready = self.crew.runs(wid, pf_now_ns())
+            self.idle_ns += pf_now_ns() - t0 - ready
+
+    cdef _read_slot(self, int wid, _Batch slot):
+        """Worker ``wid`` reads the samples of ``slot`` from its stream: the
+        batch of those rows takes the slot's place, this thread's to fill;
+        none (its stream had ended) leaves a hole; an error of the stream
+        is the slot's, and the worker's end."""
+        cdef _EpochBatches e = self.epochs.now
+        cdef _Batch b = None
+        cdef int64_t t0
+        reader = self.readers[wid]
+        samples = None
+        failure = None
+        ended = e.ended[wid]
+        if not ended:
+            _tls.sample = (self.seed, e.epoch, slot.k)
+            t0 = pf_now_ns()
+            self.crew.busy(wid, f"the stream's batch {slot.k + 1}", t0)
+            try:
+                samples, ended = reader.read(e.epoch)
+            except BaseException as exc:
+                failure = _stop_as_error(exc, "the stream")
+                _note_batch(failure, f"in loader thread {self.name}-w{wid}",
+                            f"reading {{batch}} of worker {wid}'s stream", reader.batches + 1)
+                exc = None
+            self.crew.busy(wid, None, 0)
+            self.crew.load_ns += pf_now_ns() - t0
+            _tls.sample = None
+        with self._cv:
+            if self.epochs.epoch_of(slot) is not e:
+                return   # dropped meanwhile
+            if ended or failure is not None:
+                e.end_worker(wid)
+            if samples:
+                b = self.asm.new_batch(slot.k, reader.keys(), slot.gen)
+                b.worker = wid
+                b.part = reader.part()
+                b.held = slot.held
+                e.pending[slot.k] = b
+                self.filling[wid] = b
+                self.filling_row[wid] = 0
+            else:
+                slot.failure = failure
+                slot.complete = True
+                if failure is not None and not self.go_on:
+                    e.stop_after(slot)
+            self._notify()
+
     cdef _open_batch(self):
         cdef bint opened = False
         with self._lock:   # one thread reads the sampler at a time
@@ -299,7 +396,7 @@ cdef class _MapStage(_ThreadWork):
         key = b.keys[row]
         info = _tls.info
         if info.epoch != e.epoch:   # the next epoch's batches may open before it starts
-            _tls.info = WorkerInfo(wid, self.target, self.seed, e.epoch)
+            _tls.info = WorkerInfo(wid, self.target, self.seed, e.epoch, info.dataset)
         # sample_rng's index: the dataset index, or the item's position for map
         _tls.sample = (self.seed, e.epoch, b.k if self.n_keys == KEYS_ANY else key)
         return key
@@ -376,6 +473,7 @@ cdef class _MapEpoch(_Stage):
         self.stage = stage
         self.e = e
         self.order = []
+        self.streamed = []
 
     cdef int produce(self, _Parts parts) except -1:
         """The next batch of this epoch (in order, or the first complete one)
@@ -389,6 +487,14 @@ cdef class _MapEpoch(_Stage):
             if st.closed or e is not st.epochs.now:
                 return P_STOPPED
             b = self._complete()
+            if b is not None and b.n == 0 and b.failure is None:
+                # A stream's hole (its worker had ended): its room is let go.
+                del e.pending[b.k]
+                e.taken += 1
+                with st._cv:
+                    st.epochs.ahead.consumed(True, b.held)
+                    st._notify()
+                continue
             if b is not None:
                 break
             if e.exhausted and not e.pending or e.stop_k <= e.taken:
@@ -407,6 +513,9 @@ cdef class _MapEpoch(_Stage):
         e.taken += 1
         st.wake()      # room in the window
         st.measure()   # after: the gauge's probe watches the threads at work
+        if b.worker >= 0:
+            self.streamed.append((b.worker, b.part))
+            b.part = None
         if b.failure is not None:
             if not st.go_on:
                 e.stop_k = min(e.stop_k, e.taken)
