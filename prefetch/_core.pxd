@@ -242,7 +242,7 @@ cdef class _Gauge:
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
 
-    cdef void restart(self, bint mapped)
+    cdef void restart(self, str what)
     cdef bint due(self, int64_t now)
     cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,

@@ -61,19 +61,6 @@ def sample_rng():
     return np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, key, epoch]))
 
 
-def set_sample_index(Py_ssize_t index):
-    """Inside load(key) on a loader thread: sample_rng() draws the stream of
-    sample ``index`` for the rest of this load (a loader whose items are not
-    numbered as the streams it wants: a framework's per-worker replicas,
-    whose batches go to whichever task their thread claims)."""
-    sample = getattr(_tls, "sample", None)
-    if sample is None:
-        raise RuntimeError("set_sample_index() is called inside a loader thread's load")
-    if index < 0:
-        raise ValueError(f"set_sample_index() needs a non-negative index, got {index}")
-    _tls.sample = (sample[0], sample[1], index)
-
-
 cdef _check_key(key, Py_ssize_t n_keys):
     """``key`` is a dataset index: an int (or a numpy or framework integer) in [0, n_keys)."""
     if isinstance(key, bool) or not isinstance(key, int):
@@ -143,7 +130,8 @@ cdef class _MapStage(_ThreadWork):
         if self.tuner is not None:
             threads = max(self.target, 1)
             self.tuner.restart()
-        self.gauge.restart(n_keys == KEYS_ANY)
+        self.gauge.restart("the stream's next()" if self.readers is not None
+                           else "the mapped function" if n_keys == KEYS_ANY else "dataset[i]")
         with self._cv:
             if self.closed:
                 raise ClosedError(f"loader {self.name!r} is closed")

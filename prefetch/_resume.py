@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 STATE_FORMAT = "prefetch.Loader"
 STATE_VERSION = 2
-# "streams": None for a map-style dataset; for a stream (an IterableDataset
-# in a drop-in), each worker's part and the worker whose batch is due next.
+# "streams": None for a map-style dataset; for an iterable dataset (a
+# stream), each worker's part and the worker whose batch is due next.
 # "framework": None for the Loader; a drop-in's parts, under its framework's name.
 _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", "dataset_length",
                "batch_size", "sampler", "streams", "framework")

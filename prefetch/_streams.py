@@ -83,9 +83,11 @@ class _Worker:
             samples = []
         self.first += len(self.samples)
         self.samples = samples
-        if samples:
-            self.batches += 1
-            self.state = self._snapshot()
+        if samples or ended:   # at the end too: the dataset's own state then is the next epoch's start
+            state = self._snapshot()
+            if samples:
+                self.batches += 1
+                self.state = state
         return samples, ended
 
     def keys(self) -> list[int]:

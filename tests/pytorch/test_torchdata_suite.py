@@ -252,21 +252,24 @@ CASES = {   # torchdata's test names -> (num_workers, persistent, snapshot steps
 }
 
 
-def _iterable(SDL, dataset, workers, pw, steps):
+def _iterable(SDL, dataset, workers, pw, steps, batch_size=1):
     return lambda: SDL(dataset=dataset(), num_workers=workers, collate_fn=identity, snapshot_every_n_steps=steps,
-                       persistent_workers=pw)
+                       persistent_workers=pw, batch_size=batch_size)
 
 
+# torchdata's subtests: batch sizes None and 7 (a short last batch: 100 = 14 * 7 + 2)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_stateful_dataloader_iterable(SDL, case):
-    for (workers, pw, steps), interrupt in itertools.product(CASES[case], [0, 1, 10]):
-        _resume_matches_the_rest(_iterable(SDL, lambda: Sharded([0, 100, 37]), workers, pw, steps), interrupt)
+    for (workers, pw, steps), batch_size, interrupt in itertools.product(CASES[case], [None, 7], [0, 1, 10]):
+        _resume_matches_the_rest(_iterable(SDL, lambda: Sharded([0, 100, 37]), workers, pw, steps, batch_size),
+                                 interrupt)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_stateful_dataloader_iterable2(SDL, case):
-    for (workers, pw, steps), interrupt in itertools.product(CASES[case], [0, 1, 10]):
-        _resume_matches_the_rest(_iterable(SDL, lambda: SelfIterating(range(100)), workers, pw, steps), interrupt)
+    for (workers, pw, steps), batch_size, interrupt in itertools.product(CASES[case], [None, 7], [0, 1, 10]):
+        _resume_matches_the_rest(_iterable(SDL, lambda: SelfIterating(range(100)), workers, pw, steps, batch_size),
+                                 interrupt)
 
 
 @pytest.mark.parametrize("case", sorted(set(CASES) - {"no_mp"}))   # torchdata's returns at once with 0 workers
