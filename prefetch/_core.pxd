@@ -524,8 +524,8 @@ cdef class _MapStage(_ThreadWork):
     cdef uint64_t samples
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows)
-    cdef _Batch _claim_stream(self, int wid, Py_ssize_t *row)
-    cdef _read_slot(self, int wid, _Batch slot)
+    cdef _Batch _stream_row(self, int wid, Py_ssize_t *row)
+    cdef _Batch _read_slot(self, int wid, _Batch slot)
     cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes)
     cdef void measure(self) except *
     cdef _open_batch(self)

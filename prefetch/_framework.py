@@ -21,10 +21,10 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Optional
 
 from prefetch._core import MAP_KEYS_UNCHECKED
-from prefetch._streams import fresh_part, stateful, stream_copy
+from prefetch._streams import start_part, stream_copy
 from prefetch.loader import Loader
 
-__all__ = ["FrameworkLoader", "fresh_part", "stateful", "stream_copy"]
+__all__ = ["FrameworkLoader", "start_part", "stream_copy"]
 
 
 class _ThreadLoad:

@@ -257,13 +257,13 @@ cdef class _MapStage(_ThreadWork):
         now.fail(exc, now.taken)
 
     cdef _Batch claim(self, int wid, Py_ssize_t *row):
-        """The batch and row this thread loads next, in sampler order; None once
-        closed. A thread numbered past the target count waits (parked)."""
+        """The batch and row this thread loads next, in sampler order (a
+        stream's: of its worker's batches); None once closed. A thread
+        numbered past the target count waits (parked)."""
         cdef _Batch b
         cdef int64_t t0, ready
         cdef _Epochs epochs = self.epochs
-        if self.readers is not None:
-            return self._claim_stream(wid, row)
+        cdef bint stream = self.readers is not None
         while True:
             if self.closed:
                 return None
@@ -272,7 +272,7 @@ cdef class _MapStage(_ThreadWork):
                     if not self.closed and wid >= self.target:
                         self._cv.wait(WAIT_SLICE_S)
                 continue
-            b = epochs.claim_row(row)
+            b = self._stream_row(wid, row) if stream else epochs.claim_row(row)
             if b is not None:
                 return b
             if epochs.to_open() is not None:
@@ -281,7 +281,8 @@ cdef class _MapStage(_ThreadWork):
             t0 = pf_now_ns()
             ready = 0
             with self._cv:
-                if not self.closed and epochs.to_open() is None and not epochs.has_rows():
+                if not self.closed and epochs.to_open() is None and not (
+                        epochs.now.slot_of(wid) is not None if stream else epochs.has_rows()):
                     self.crew.waits(wid)
                     try:
                         self._cv.wait(WAIT_SLICE_S)
@@ -289,46 +290,26 @@ cdef class _MapStage(_ThreadWork):
                         ready = self.crew.runs(wid, pf_now_ns())
             self.idle_ns += pf_now_ns() - t0 - ready
 
-    cdef _Batch _claim_stream(self, int wid, Py_ssize_t *row):
-        """A stream's: the next row of the batch this thread's worker read,
-        else its worker's next slot read (this thread alone reads its
-        worker's batches), else a slot opened in turn; None once closed."""
-        cdef _Batch b, slot
-        cdef int64_t t0, ready
-        cdef _Epochs epochs = self.epochs
-        while True:
-            if self.closed:
+    cdef _Batch _stream_row(self, int wid, Py_ssize_t *row):
+        """A stream's: the next row of the batch this thread's worker read
+        last, else of the one it reads into its next slot; None where it has
+        none (or left a hole)."""
+        cdef _Batch b = self.filling[wid]
+        if b is None or self.filling_row[wid] >= b.n or self.epochs.epoch_of(b) is None:
+            slot = self.epochs.now.slot_of(wid)
+            b = self.filling[wid] = None if slot is None else self._read_slot(wid, slot)
+            self.filling_row[wid] = 0
+            if b is None:
                 return None
-            b = self.filling[wid]
-            if b is not None:
-                if self.filling_row[wid] < b.n and epochs.epoch_of(b) is not None:
-                    row[0] = self.filling_row[wid]
-                    self.filling_row[wid] += 1
-                    return b
-                self.filling[wid] = None
-            slot = epochs.now.slot_of(wid)
-            if slot is not None:
-                self._read_slot(wid, slot)
-                continue
-            if epochs.to_open() is not None:
-                self._open_batch()
-                continue
-            t0 = pf_now_ns()
-            ready = 0
-            with self._cv:
-                if not self.closed and epochs.to_open() is None and epochs.now.slot_of(wid) is None:
-                    self.crew.waits(wid)
-                    try:
-                        self._cv.wait(WAIT_SLICE_S)
-                    finally:
-                        ready = self.crew.runs(wid, pf_now_ns())
-            self.idle_ns += pf_now_ns() - t0 - ready
+        row[0] = self.filling_row[wid]
+        self.filling_row[wid] += 1
+        return b
 
-    cdef _read_slot(self, int wid, _Batch slot):
+    cdef _Batch _read_slot(self, int wid, _Batch slot):
         """Worker ``wid`` reads the samples of ``slot`` from its stream: the
-        batch of those rows takes the slot's place, this thread's to fill;
-        none (its stream had ended) leaves a hole; an error of the stream
-        is the slot's, and the worker's end."""
+        batch of those rows, returned, takes the slot's place; none (its
+        stream had ended) leaves a hole; an error of the stream is the
+        slot's, and the worker's end."""
         cdef _EpochBatches e = self.epochs.now
         cdef _Batch b = None
         cdef int64_t t0
@@ -352,30 +333,31 @@ cdef class _MapStage(_ThreadWork):
             _tls.sample = None
         with self._cv:
             if self.epochs.epoch_of(slot) is not e:
-                return   # dropped meanwhile
+                return None   # dropped meanwhile
             if ended or failure is not None:
                 e.end_worker(wid)
             if samples:
                 b = self.asm.new_batch(slot.k, reader.keys(), slot.gen)
                 b.worker = wid
-                b.part = reader.part()
+                b.part = reader.state
                 b.held = slot.held
                 e.pending[slot.k] = b
-                self.filling[wid] = b
-                self.filling_row[wid] = 0
             else:
                 slot.failure = failure
                 slot.complete = True
                 if failure is not None and not self.go_on:
                     e.stop_after(slot)
             self._notify()
+        return b
 
     cdef _open_batch(self):
         cdef bint opened = False
         with self._lock:   # one thread reads the sampler at a time
             opened = self.epochs.open_next(self.asm, self.name)
-        if not opened:
-            self.wake()   # the end of the keys, or an error (once this frame holds it no more)
+        if not opened or self.readers is not None:
+            # The end of the keys, or an error (once this frame holds it no
+            # more); a stream's slot: its worker's thread may be waiting.
+            self.wake()
 
     cdef object key_of(self, _Batch b, Py_ssize_t row, int wid):
         cdef _EpochBatches e = self.epochs.epoch_of(b)

@@ -31,10 +31,12 @@ def stateful(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
-def fresh_part(dataset: Any = None) -> dict[str, Any]:
-    """A worker's part of the state at its stream's start (``dataset``: its
-    dataset's own state then, where it carries one over)."""
-    return {"batches": 0, "dataset": dataset, "iterator": None}
+def start_part(dataset: Any) -> dict[str, Any]:
+    """A worker's part of the state as its stream starts from ``dataset``
+    (its replica, or what it copies): the dataset's own state then, where it
+    has one (a stream that is its own iterator resumes there)."""
+    return {"batches": 0, "dataset": copy.deepcopy(dataset.state_dict()) if stateful(dataset) else None,
+            "iterator": None}
 
 
 def stream_copy(dataset: Any, kinds: tuple[type, ...] = ()) -> Any:
@@ -63,7 +65,6 @@ class _Worker:
         self.samples: list[Any] = []
         self.state: Any = None     # (dataset's, iterator's) states after the batch read last
         self.own_state = False     # the dataset has a state of its own (not its iterator's)
-        self.dataset_state: Any = None   # the dataset's own state at its last batch
 
     def read(self, epoch: int) -> tuple[list[Any], bool]:
         """The next batch's samples of epoch ``epoch`` (none once the stream
@@ -83,11 +84,9 @@ class _Worker:
             samples = []
         self.first += len(self.samples)
         self.samples = samples
-        if samples or ended:   # at the end too: the dataset's own state then is the next epoch's start
-            state = self._snapshot()
-            if samples:
-                self.batches += 1
-                self.state = state
+        if samples:
+            self.batches += 1
+            self.state = self._snapshot()
         return samples, ended
 
     def keys(self) -> list[int]:
@@ -99,9 +98,6 @@ class _Worker:
         i = key - self.first
         sample, self.samples[i] = self.samples[i], None   # held by its batch's row alone
         return sample
-
-    def part(self) -> Any:
-        return self.state
 
     def _start(self, epoch: int) -> None:
         """The epoch's iterator; from a loaded state's part, as torchdata
@@ -132,8 +128,6 @@ class _Worker:
         it = self.iterator
         dataset = copy.deepcopy(self.dataset.state_dict()) if self.own_state else None
         iterator = copy.deepcopy(it.state_dict()) if stateful(it) else None
-        if self.own_state:
-            self.dataset_state = dataset
         return dataset, iterator
 
 
@@ -167,9 +161,9 @@ class Workers:
         return resumed[1][worker_id] if resumed is not None and resumed[0] == epoch else None
 
     def starts(self) -> list[dict[str, Any]]:
-        """Each worker's part as an epoch begins: its replica's own state as
-        its last batch left it (kept where the replicas are)."""
-        return [fresh_part(None if w is None else w.dataset_state) for w in self.made]
+        """Each worker's part as an epoch begins (its threads not reading):
+        its replica's own state, or the dataset's it will copy."""
+        return [start_part(self.dataset if w is None else w.dataset) for w in self.made]
 
 
 class StreamRecord(_Record):

@@ -577,7 +577,7 @@ class _Mapped(_Threaded, Generic[T]):
 
     def __init__(self, fn: Callable[[Any], T], iterable: Iterable[Any], workers: Any, ordered: bool,
                  depth: int, timeout: Optional[float], name: Optional[str],
-                 worker_init: Optional[Callable[[int], Any]], device: Any = None) -> None:
+                 worker_init: Optional[Callable[[int], Any]]) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r} ({type(fn).__name__})")
         try:
@@ -589,8 +589,7 @@ class _Mapped(_Threaded, Generic[T]):
         self._iterable = None if items is iterable else iterable
         options = Options.check("loader", name=name, depth=depth, workers=workers, timeout=timeout,
                                 ordered=ordered)
-        # device: a drop-in's delivery for its results (not in map()'s signature)
-        self._setup(fn, MAP_SINGLE, None, options, device, worker_init)
+        self._setup(fn, MAP_SINGLE, None, options, None, worker_init)
 
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         items = self._items

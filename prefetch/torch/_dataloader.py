@@ -28,7 +28,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
-from prefetch._framework import FrameworkLoader, fresh_part, stateful
+from prefetch._framework import FrameworkLoader, start_part
 from prefetch._options import MAX_EPOCH, check_int, check_num_workers
 from prefetch._resume import check_state, make_state
 from prefetch._types import ClosedError, Stats
@@ -86,10 +86,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
       raised as the same object with its own traceback and a note naming the
-      sample and the thread (torch re-raises a copy with the worker's traceback
-      as text); after a map-style dataset's or ``collate_fn``'s error, ``next()``
-      goes on with the next batch, as torch's does;
-      any other error ends the epoch;
+      sample (an IterableDataset's: the worker's batch) and the thread (torch
+      re-raises a copy with the worker's traceback as text); after the
+      dataset's or ``collate_fn``'s error, ``next()`` goes on with the next
+      batch, as torch's does (an IterableDataset's worker that raised has
+      ended); any other error ends the epoch;
     - a map-style dataset needs ``__len__`` (its indices are passed to
       ``dataset[...]`` as the sampler gives them, as torch does);
     - ``timeout`` also applies with ``num_workers=0``; on expiry it raises
@@ -192,9 +193,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if isinstance(self.dataset, IterableDataset):
             # New workers copy the dataset as it is now: its own state with it
             # (a pass counter kept across epochs; with 0 workers, the one object).
-            dataset = self.dataset
-            own = dataset.state_dict() if stateful(dataset) and not hasattr(dataset, "__next__") else None
-            part = fresh_part(own)
+            part = start_part(self.dataset)
             streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
             return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=None,
                               batch_size=self.batch_size, sampler=None, streams=streams, framework=framework)
@@ -567,7 +566,7 @@ class _ThreadIter:
             raise
         except BaseException as exc:
             if epoch.failed_batches != failed:
-                # That batch's own error (a map-style dataset's, collate_fn's):
+                # That batch's own error (the dataset's, collate_fn's):
                 # the epoch goes on with the next batch, as torch's does.
                 self._handed += 1
                 self._taken += 1
