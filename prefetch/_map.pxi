@@ -318,11 +318,14 @@ cdef class _MapStage(_ThreadWork):
         failure = None
         ended = e.ended[wid]
         if not ended:
-            _tls.sample = (self.seed, e.epoch, slot.k)
             t0 = pf_now_ns()
             self.crew.busy(wid, f"the stream's batch {slot.k + 1}", t0)
             try:
-                samples, ended = reader.read(e.epoch)
+                reader.start(e.epoch)
+                # sample_rng()'s index: worker w's batch j is the (j * workers + w)th,
+                # whenever the other workers end
+                _tls.sample = (self.seed, e.epoch, reader.batches * len(e.ended) + wid)
+                samples, ended = reader.read()
             except BaseException as exc:
                 failure = _stop_as_error(exc, "the stream")
                 _note_batch(failure, f"in loader thread {self.name}-w{wid}",

@@ -66,11 +66,14 @@ class _Worker:
         self.state: Any = None     # (dataset's, iterator's) states after the batch read last
         self.own_state = False     # the dataset has a state of its own (not its iterator's)
 
-    def read(self, epoch: int) -> tuple[list[Any], bool]:
-        """The next batch's samples of epoch ``epoch`` (none once the stream
-        has ended), and whether it has ended."""
+    def start(self, epoch: int) -> None:
+        """Epoch ``epoch``'s iterator, made as its first batch is read."""
         if epoch != self.epoch:
             self._start(epoch)
+
+    def read(self) -> tuple[list[Any], bool]:
+        """The next batch's samples (none once the stream has ended), and
+        whether it has ended."""
         rows = self.owner.rows
         samples = []
         ended = False

@@ -416,7 +416,8 @@ def test_next_after_close_raises_closed_error():
 # -- bad input ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(dataset=iter([1, 2])), TypeError, "dataset must have __getitem__ and __len__"),
+    (dict(dataset=42), TypeError, "dataset must have __getitem__ and __len__"),
+    (dict(dataset=iter([1, 2]), shuffle=True), ValueError, "iterable dataset gives its samples in its own order"),
     (dict(batch_size=0), ValueError, "batch_size must be an int >= 1"),
     (dict(batch_size=2.5), TypeError, "batch_size must be an int"),
     (dict(workers=0), ValueError, "workers must be an int >= 1"),

@@ -217,3 +217,19 @@ def test_bad_arguments_for_a_stream():
         Loader(object())
     with Loader(Sharded([4]), workers=1) as loader, pytest.raises(TypeError, match="not counted ahead"):
         len(loader)
+
+
+def test_sample_rng_draws_one_stream_per_worker_batch_whatever_the_timing():
+    class Draws:
+        def __iter__(self):
+            info = prefetch.worker_info()
+            for _ in range(3 + 4 * info.id):   # worker 0 ends first
+                yield int(prefetch.sample_rng().integers(1 << 40))
+
+    runs = []
+    for _ in range(3):
+        with Loader(Draws(), batch_size=2, workers=2, seed=5, collate=list) as loader:
+            runs.append(list(loader))
+    assert runs[0] == runs[1] == runs[2]
+    firsts = [batch[0] for batch in runs[0]]
+    assert len(set(firsts)) == len(firsts) == 6
