@@ -19,7 +19,9 @@ by the consumer's thread between epochs; ``StreamRecord`` on any thread.
 """
 from __future__ import annotations
 
+import collections
 import copy
+import itertools
 from typing import Any, Callable, Optional
 
 from prefetch._replica import replica
@@ -66,11 +68,6 @@ class _Worker:
         self.state: Any = None     # (dataset's, iterator's) states after the batch read last
         self.own_state = False     # the dataset has a state of its own (not its iterator's)
 
-    def start(self, epoch: int) -> None:
-        """Epoch ``epoch``'s iterator, made as its first batch is read."""
-        if epoch != self.epoch:
-            self._start(epoch)
-
     def read(self) -> tuple[list[Any], bool]:
         """The next batch's samples (none once the stream has ended), and
         whether it has ended."""
@@ -102,11 +99,14 @@ class _Worker:
         sample, self.samples[i] = self.samples[i], None   # held by its batch's row alone
         return sample
 
-    def _start(self, epoch: int) -> None:
-        """The epoch's iterator; from a loaded state's part, as torchdata
-        restores a worker: the dataset's own state first, then ``iter()``,
-        then the iterator's own state; where neither has one, the batches
-        delivered before are read again and dropped."""
+    def start(self, epoch: int) -> None:
+        """Epoch ``epoch``'s iterator, made as its first batch is read; from a
+        loaded state's part, as torchdata restores a worker: the dataset's
+        own state first, then ``iter()``, then the iterator's own state;
+        where neither has one, the batches delivered before are read again
+        and dropped."""
+        if epoch == self.epoch:
+            return
         self.epoch, self.batches, self.first, self.samples = epoch, 0, 0, []
         part = self.owner.part(self.id, epoch)
         if part is not None and part["dataset"] is not None and stateful(self.dataset):
@@ -120,9 +120,7 @@ class _Worker:
         if part["iterator"] is not None and stateful(self.iterator):
             self.iterator.load_state_dict(copy.deepcopy(part["iterator"]))
         elif not (self.own_state or stateful(self.iterator)):
-            for _ in range(part["batches"] * self.owner.rows):
-                if next(self.iterator, _END) is _END:
-                    break
+            collections.deque(itertools.islice(self.iterator, part["batches"] * self.owner.rows), maxlen=0)
 
     def _snapshot(self) -> tuple[Any, Any]:
         """The dataset's and the iterator's own states now (copies: the next
@@ -132,9 +130,6 @@ class _Worker:
         dataset = copy.deepcopy(self.dataset.state_dict()) if self.own_state else None
         iterator = copy.deepcopy(it.state_dict()) if stateful(it) else None
         return dataset, iterator
-
-
-_END = object()
 
 
 class Workers:
