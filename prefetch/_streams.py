@@ -37,8 +37,15 @@ def start_part(dataset: Any) -> dict[str, Any]:
     """A worker's part of the state as its stream starts from ``dataset``
     (its replica, or what it copies): the dataset's own state then, where it
     has one (a stream that is its own iterator resumes there)."""
-    return {"batches": 0, "dataset": copy.deepcopy(dataset.state_dict()) if stateful(dataset) else None,
-            "iterator": None}
+    state = None
+    if stateful(dataset):
+        try:
+            state = copy.deepcopy(dataset.state_dict())
+        except Exception:
+            if not hasattr(dataset, "__next__"):
+                raise
+            # Its own iterator, whose state its __iter__ makes: none yet.
+    return {"batches": 0, "dataset": state, "iterator": None}
 
 
 def stream_copy(dataset: Any, kinds: tuple[type, ...] = ()) -> Any:

@@ -233,3 +233,26 @@ def test_sample_rng_draws_one_stream_per_worker_batch_whatever_the_timing():
     assert runs[0] == runs[1] == runs[2]
     firsts = [batch[0] for batch in runs[0]]
     assert len(set(firsts)) == len(firsts) == 6
+
+
+def test_a_state_is_given_before_the_first_batch_of_a_stream_whose_iter_makes_its_state():
+    class Own:
+        def __iter__(self):
+            self.i = 0
+            return self
+
+        def __next__(self):
+            if self.i == 3:
+                raise StopIteration
+            self.i += 1
+            return self.i
+
+        def state_dict(self):
+            return {"i": self.i}   # only once __iter__ ran
+
+        def load_state_dict(self, state):
+            self.i = state["i"]
+
+    with Loader(Own(), workers=1) as loader:
+        assert loader.state_dict()["streams"]["workers"] == [{"batches": 0, "dataset": None, "iterator": None}]
+        assert [b.tolist() for b in loader] == [[1], [2], [3]]
