@@ -387,6 +387,8 @@ cdef class _EpochBatches:
     # order): `ended` is None for a map-style epoch.
     cdef list ended                # per worker: its iterator has ended (or raised)
     cdef int turn                  # the worker whose slot opens next
+    cdef Py_ssize_t cap            # ordered=False: slots not filled the workers alive may have
+                                   # (torch's prefetch_factor * num_workers, shared); 0: no cap
 
     cdef bint may_open(self)
     cdef Py_ssize_t open_count(self)
@@ -398,6 +400,7 @@ cdef class _EpochBatches:
     cdef void drop(self)
     cdef uint64_t held(self)
     cdef void end_worker(self, int w)
+    cdef int next_worker(self)
     cdef _Batch slot_of(self, int w)
 
 

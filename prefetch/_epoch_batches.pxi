@@ -31,7 +31,8 @@ cdef class _EpochBatches:
         self.pending = {}
 
     cdef bint may_open(self):
-        return self.keys is not None and not self.exhausted and self.next_k < self.stop_k
+        return (self.keys is not None and not self.exhausted and self.next_k < self.stop_k
+                and (self.ended is None or self.next_worker() >= 0))
 
     cdef Py_ssize_t open_count(self):
         """Batches opened and not yet taken."""
@@ -50,16 +51,13 @@ cdef class _EpochBatches:
         the sampler is raised as it is. A stream's: [the worker whose slot
         opens next], in turn over those not ended."""
         cdef list keys
-        cdef int i, w, n
+        cdef int w
         if self.ended is not None:
-            n = len(self.ended)
-            for i in range(n):
-                w = (self.turn + i) % n
-                if not self.ended[w]:
-                    self.turn = (w + 1) % n
-                    return [w]
-            self.exhausted = True
-            return None
+            w = self.next_worker()
+            if w < 0:
+                return None
+            self.turn = (w + 1) % len(self.ended)
+            return [w]
         self.reading = True
         try:
             keys = list(next(self.keys))
@@ -93,6 +91,23 @@ cdef class _EpochBatches:
         self.ended[w] = True
         if all(self.ended):
             self.exhausted = True
+
+    cdef int next_worker(self):
+        """A stream's worker whose slot opens next: in turn over those not
+        ended, and with ordered=False, with fewer slots not filled than its
+        share of the cap (torch's per-worker bound then: a worker that is
+        slow to fill them does not hold the others back); -1: none."""
+        cdef int i, w, n = len(self.ended)
+        cdef Py_ssize_t each = 0
+        if self.cap:
+            each = max(1, self.cap // max(1, n - sum(self.ended)))
+        for i in range(n):
+            w = (self.turn + i) % n
+            if not self.ended[w] and (each == 0 or sum(
+                    1 for b in self.pending.values()
+                    if (<_Batch>b).worker == w and not (<_Batch>b).complete) < each):
+                return w
+        return -1
 
     cdef _Batch slot_of(self, int w):
         """Worker ``w``'s first slot not read yet, or None."""
@@ -206,9 +221,10 @@ cdef class _Epochs:
             return
         if e.keys is None:
             e.keys = batches
-            if type(batches) is tuple:   # a stream's: (its workers, the one whose slot opens first)
+            if type(batches) is tuple:   # a stream's: (its workers, the one whose slot opens first, cap)
                 e.ended = [False] * batches[0]
                 e.turn = batches[1]
+                e.cap = batches[2]
         if following is not None:
             self.after = _EpochBatches(self.new_gen(), following[1], following[0], following[2])
 

@@ -141,6 +141,8 @@ cdef class _MapStage(_ThreadWork):
         # Not under _cv: Thread.start() may run a signal handler that calls close().
         # No keys until every thread has started: they find the work at once.
         self._set_threads(threads, batch_rows)
+        if self.readers is not None:   # a stream's (workers, turn), and its cap
+            batches = (*batches, 0 if self.ordered else self.epochs.ahead.lookahead or self.epochs.window)
         with self._cv:
             if self.closed:   # by a signal handler inside Thread.start(), or another thread
                 raise ClosedError(f"loader {self.name!r} was closed while its epoch started")

@@ -256,3 +256,26 @@ def test_a_state_is_given_before_the_first_batch_of_a_stream_whose_iter_makes_it
     with Loader(Own(), workers=1) as loader:
         assert loader.state_dict()["streams"]["workers"] == [{"batches": 0, "dataset": None, "iterator": None}]
         assert [b.tolist() for b in loader] == [[1], [2], [3]]
+
+
+def test_unordered_a_worker_slow_to_read_does_not_hold_back_the_others():
+    """ordered=False: a worker may have its share of the slots not filled
+    (torch's per-worker bound), so one waiting inside its stream leaves the
+    window to the others."""
+    release = threading.Event()
+
+    class Held:
+        def __iter__(self):
+            w = prefetch.worker_info().id
+            for i in range(5):
+                if w == 1:
+                    release.wait(10)   # bounds a failure: the order is then wrong
+                yield w, i
+
+    out = []
+    with Loader(Held(), batch_size=None, workers=2, ordered=False) as loader:
+        for item in loader:
+            out.append(tuple(item))
+            if len(out) == 5:
+                release.set()
+    assert out == [(0, i) for i in range(5)] + [(1, i) for i in range(5)]
