@@ -515,9 +515,9 @@ cdef class _MapStage(_ThreadWork):
     cdef _Epochs epochs            # the epochs, what opens when, the bounds (_epoch_batches.pxi)
     cdef bint closed
     cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); KEYS_ANY, KEYS_UNCHECKED: any key
-    # A stream (per_thread gives each thread its worker, _streams.py): the
-    # workers (None: map-style), and per thread the batch it fills and its next row.
-    cdef list readers
+    # A stream (per_thread gives each thread its worker, _streams.py), and per
+    # thread the batch it fills and its next row.
+    cdef bint stream
     cdef list filling
     cdef list filling_row
     # counters (GIL held)

@@ -83,9 +83,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     def _stage_hooks(self) -> dict[str, Any]:
         return dict(self._hooks)
 
-    def _is_stream(self, dataset: Any) -> bool:
-        return self._stream
-
     # The drop-in's part of the resume state (its framework's name under
     # "name"): saved with the Loader's, and a state without it refused.
 
@@ -99,11 +96,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     def gil_noticed(self) -> bool:
         """The GIL warning was given (or was already, by ``gil_noticed=``)."""
         return bool(self._stage.gil_noticed)
-
-    @property
-    def next_epoch(self) -> int:
-        """The number of the epoch the next ``iter()`` starts."""
-        return self._epoch
 
     def _keys(self, epoch: int) -> tuple[Any, int, int]:
         batches, n_keys, rows = super()._keys(epoch)

@@ -114,7 +114,8 @@ cdef class _MapStage(_ThreadWork):
         self.n_keys = KEYS_ANY
         self.gauge = _Gauge(name, remedy, gil_noticed)
         if stream:
-            self.readers, self.filling, self.filling_row = [], [], []
+            self.stream = True
+            self.filling, self.filling_row = [None] * per_thread.count, [0] * per_thread.count
         if auto is not None:
             self.tuner = _Tuner(*auto)
 
@@ -130,7 +131,7 @@ cdef class _MapStage(_ThreadWork):
         if self.tuner is not None:
             threads = max(self.target, 1)
             self.tuner.restart()
-        self.gauge.restart("the stream's next()" if self.readers is not None
+        self.gauge.restart("the stream's next()" if self.stream
                            else "the mapped function" if n_keys == KEYS_ANY else "dataset[i]")
         with self._cv:
             if self.closed:
@@ -141,7 +142,7 @@ cdef class _MapStage(_ThreadWork):
         # Not under _cv: Thread.start() may run a signal handler that calls close().
         # No keys until every thread has started: they find the work at once.
         self._set_threads(threads, batch_rows)
-        if self.readers is not None:   # a stream's (workers, turn), and its cap
+        if self.stream:   # a stream's (workers, turn), and its cap
             batches = (*batches, 0 if self.ordered else self.epochs.ahead.lookahead or self.epochs.window)
         with self._cv:
             if self.closed:   # by a signal handler inside Thread.start(), or another thread
@@ -162,7 +163,7 @@ cdef class _MapStage(_ThreadWork):
         _LoaderThreads.ensure)."""
         # Enough batches open for every thread to have a row, and one more
         # so that a thread finishing a batch finds the next one open.
-        self.epochs.window = (2 * threads if self.readers is not None   # a slot per worker, and its next
+        self.epochs.window = (2 * threads if self.stream   # a slot per worker, and its next
                               else max(2, (threads + batch_rows - 1) // batch_rows + 1))
         self.asm.keep_batches = self.epochs.window + self.depth + 2   # open, in the ring, held by the user
         self.target = threads
@@ -237,13 +238,8 @@ cdef class _MapStage(_ThreadWork):
         _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch)
         for apply in self.on_thread:
             apply()
-        if self.readers is not None:
+        if self.stream:
             reader = self.per_thread(wid)   # this thread's worker of the stream
-            while len(self.readers) <= wid:
-                self.readers.append(None)
-                self.filling.append(None)
-                self.filling_row.append(0)
-            self.readers[wid] = reader
             load = reader.sample
             _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch, reader.dataset)
         elif self.per_thread is not None:
@@ -265,7 +261,6 @@ cdef class _MapStage(_ThreadWork):
         cdef _Batch b
         cdef int64_t t0, ready
         cdef _Epochs epochs = self.epochs
-        cdef bint stream = self.readers is not None
         while True:
             if self.closed:
                 return None
@@ -274,7 +269,7 @@ cdef class _MapStage(_ThreadWork):
                     if not self.closed and wid >= self.target:
                         self._cv.wait(WAIT_SLICE_S)
                 continue
-            b = self._stream_row(wid, row) if stream else epochs.claim_row(row)
+            b = self._stream_row(wid, row) if self.stream else epochs.claim_row(row)
             if b is not None:
                 return b
             if epochs.to_open() is not None:
@@ -284,7 +279,7 @@ cdef class _MapStage(_ThreadWork):
             ready = 0
             with self._cv:
                 if not self.closed and epochs.to_open() is None and not (
-                        epochs.now.slot_of(wid) is not None if stream else epochs.has_rows()):
+                        epochs.now.slot_of(wid) is not None if self.stream else epochs.has_rows()):
                     self.crew.waits(wid)
                     try:
                         self._cv.wait(WAIT_SLICE_S)
@@ -315,8 +310,8 @@ cdef class _MapStage(_ThreadWork):
         cdef _EpochBatches e = self.epochs.now
         cdef _Batch b = None
         cdef int64_t t0
-        reader = self.readers[wid]
-        samples = None
+        reader = self.per_thread.made[wid]
+        keys = None
         failure = None
         ended = e.ended[wid]
         if not ended:
@@ -327,7 +322,7 @@ cdef class _MapStage(_ThreadWork):
                 # sample_rng()'s index: worker w's batch j is the (j * workers + w)th,
                 # whenever the other workers end
                 _tls.sample = (self.seed, e.epoch, reader.batches * len(e.ended) + wid)
-                samples, ended = reader.read()
+                keys, ended = reader.read()
             except BaseException as exc:
                 failure = _stop_as_error(exc, "the stream")
                 _note_batch(failure, f"in loader thread {self.name}-w{wid}",
@@ -341,8 +336,8 @@ cdef class _MapStage(_ThreadWork):
                 return None   # dropped meanwhile
             if ended or failure is not None:
                 e.end_worker(wid)
-            if samples:
-                b = self.asm.new_batch(slot.k, reader.keys(), slot.gen)
+            if keys:
+                b = self.asm.new_batch(slot.k, keys, slot.gen)
                 b.worker = wid
                 b.part = reader.state
                 b.held = slot.held
@@ -359,7 +354,7 @@ cdef class _MapStage(_ThreadWork):
         cdef bint opened = False
         with self._lock:   # one thread reads the sampler at a time
             opened = self.epochs.open_next(self.asm, self.name)
-        if not opened or self.readers is not None:
+        if not opened or self.stream:
             # The end of the keys, or an error (once this frame holds it no
             # more); a stream's slot: its worker's thread may be waiting.
             self.wake()

@@ -14,8 +14,8 @@ the batch is delivered that becomes the worker's part (``StreamRecord``). A
 resumed worker starts its iterator from its part; where neither has a state,
 the batches it delivered before are read again and dropped.
 
-Threading contract: a ``_Worker`` is used by its thread only; ``Workers.resume``
-by the consumer's thread between epochs; ``StreamRecord`` on any thread.
+Threading contract: a ``_Worker`` is used by its thread only; ``Workers.resumed``
+is set by the consumer's thread between epochs; ``StreamRecord`` on any thread.
 """
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def start_part(dataset: Any) -> dict[str, Any]:
     return {"batches": 0, "dataset": state, "iterator": None}
 
 
-def stream_copy(dataset: Any, kinds: tuple[type, ...] = ()) -> Any:
-    """A worker's copy of a stream: a deep one where it can be made (a
-    stream's objects hold its position, a library's shard iterators, which
-    each worker process has its own of), else a shallow one with each
+def stream_copy(dataset: Any, worker_id: int = 0, kinds: tuple[type, ...] = ()) -> Any:
+    """Worker ``worker_id``'s copy of a stream: a deep one where it can be
+    made (a stream's objects hold its position, a library's shard iterators,
+    which each worker process has its own of), else a shallow one with each
     instance of ``kinds`` in it copied too (prefetch/_replica.py)."""
     try:
         return copy.deepcopy(dataset)
@@ -75,9 +75,9 @@ class _Worker:
         self.state: Any = None     # (dataset's, iterator's) states after the batch read last
         self.own_state = False     # the dataset has a state of its own (not its iterator's)
 
-    def read(self) -> tuple[list[Any], bool]:
-        """The next batch's samples (none once the stream has ended), and
-        whether it has ended."""
+    def read(self) -> tuple[list[int], bool]:
+        """The next batch's rows: its samples' numbers in the epoch (none once
+        the stream has ended), and whether it has ended."""
         rows = self.owner.rows
         samples = []
         ended = False
@@ -94,11 +94,7 @@ class _Worker:
         if samples:
             self.batches += 1
             self.state = self._snapshot()
-        return samples, ended
-
-    def keys(self) -> list[int]:
-        """The rows of the batch read last: its samples' numbers in the epoch."""
-        return list(range(self.first, self.first + len(self.samples)))
+        return list(range(self.first, self.first + len(samples))), ended
 
     def sample(self, key: int) -> Any:
         """The sample numbered ``key`` of the batch read last (the thread's load)."""
@@ -145,7 +141,7 @@ class Workers:
     the Loader, which the threads must not keep alive."""
 
     def __init__(self, dataset: Any, count: int, rows: int, drop_last: bool,
-                 replicate: Optional[Callable[[Any, int], Any]]) -> None:
+                 replicate: Callable[[Any, int], Any]) -> None:
         self.dataset = dataset
         self.count = count
         self.rows = rows
@@ -155,9 +151,7 @@ class Workers:
         self.resumed: Optional[tuple[int, list[dict[str, Any]]]] = None   # (epoch, parts) of a loaded state
 
     def __call__(self, worker_id: int) -> _Worker:
-        dataset = (stream_copy(self.dataset) if self.replicate is None
-                   else self.replicate(self.dataset, worker_id))
-        worker = self.made[worker_id] = _Worker(worker_id, dataset, self)
+        worker = self.made[worker_id] = _Worker(worker_id, self.replicate(self.dataset, worker_id), self)
         return worker
 
     def part(self, worker_id: int, epoch: int) -> Optional[dict[str, Any]]:

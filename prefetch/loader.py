@@ -43,7 +43,7 @@ from prefetch._options import (
     usable_cpus,
 )
 from prefetch._resume import _LoaderState, _Record, _Resume, _skipping, check_state, make_state
-from prefetch._streams import StreamRecord, Workers
+from prefetch._streams import StreamRecord, Workers, stream_copy
 from prefetch._types import ClosedError, Stats
 
 __all__ = ["Loader", "map", "sample_rng", "worker_info"]
@@ -177,13 +177,10 @@ class _Threaded(_Lifecycle):
         self._name = options.name
         self._remember_caller()
 
-    def adopt_seed(self, seed: int, epoch: Optional[int] = None) -> None:
+    def adopt_seed(self, seed: int) -> None:
         """A drop-in's seed for ``sample_rng()`` (its loaders share one, so the
-        draws do not depend on which of them runs an epoch; a framework's
-        own seed), and the number of the next epoch where given."""
+        draws do not depend on which of them runs an epoch; a framework's own)."""
         self._seed = self._stage.seed = seed
-        if epoch is not None:
-            self._epoch = epoch
 
     # -- per epoch ----------------------------------------------------------
 
@@ -397,7 +394,8 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
                  name: Optional[str] = None,
                  worker_init: Optional[Callable[[int], Any]] = None, epoch: int = 0) -> None:
         cls = type(dataset)
-        stream = self._is_stream(dataset)
+        stream = self._stream if self._stream is not None else (
+            hasattr(cls, "__iter__") and not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__")))
         if not stream and not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__")):
             raise TypeError(f"dataset must have __getitem__ and __len__ (map-style) or __iter__ (an iterable "
                             f"dataset), got {dataset!r} ({cls.__name__})")
@@ -439,16 +437,15 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         else:
             mode = MAP_STACK if collate is None else MAP_CUSTOM
         if stream:
-            self._streams = Workers(dataset, options.workers, batch_size or 1, drop_last, self._replicate)
+            self._streams = Workers(dataset, options.workers, batch_size or 1, drop_last,
+                                    self._replicate or stream_copy)
         self._setup(None if stream else dataset.__getitem__, mode, collate, options, device, worker_init)
 
     _turn = 0   # a stream epoch's worker due first
-    _replicate: Optional[Callable[[Any, int], Any]] = None   # a stream's worker copy (a drop-in's); None: stream_copy
-
-    def _is_stream(self, dataset: Any) -> bool:
-        """An iterable dataset: ``__iter__``, and not both ``__getitem__`` and ``__len__``."""
-        cls = type(dataset)
-        return hasattr(cls, "__iter__") and not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__"))
+    _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
+    # A drop-in's word on whether its dataset is a stream; None: an iterable
+    # dataset has __iter__, and not both __getitem__ and __len__.
+    _stream: Optional[bool] = None
 
     # -- epochs and resuming ------------------------------------------------
 

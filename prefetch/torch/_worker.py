@@ -126,7 +126,7 @@ def thread_replica(dataset: Any, worker_id: int) -> Any:
 def stream_replica(dataset: Any, worker_id: int) -> Any:
     """The thread's copy of an IterableDataset, the one its worker iterates
     (a deep copy where it can be made: ``prefetch._streams.stream_copy``)."""
-    _local.replica = stream_copy(dataset, DATASETS)
+    _local.replica = stream_copy(dataset, worker_id, DATASETS)
     return _local.replica
 
 
