@@ -150,7 +150,7 @@ class _Threaded(_Lifecycle):
         remedy and whether it was given. None here."""
         return {}
 
-    def _setup(self, load: Callable[[Any], Any], mode: int, collate: Any, options: Options,
+    def _setup(self, load: Optional[Callable[[Any], Any]], mode: int, collate: Any, options: Options,
                device: Any, worker_init: Any) -> None:
         self._options = options
         self._timeout = options.timeout
@@ -437,7 +437,7 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         else:
             mode = MAP_STACK if collate is None else MAP_CUSTOM
         if stream:
-            self._streams = Workers(dataset, options.workers, batch_size or 1, drop_last,
+            self._streams = Workers(dataset, workers, batch_size or 1, drop_last,
                                     self._replicate or stream_copy)
         self._setup(None if stream else dataset.__getitem__, mode, collate, options, device, worker_init)
 
