@@ -486,8 +486,8 @@ class _ThreadIter:
             # Each worker thread iterates a copy of its own (the dataset itself
             # with num_workers=0, as torch's main process); torch's batch_size=None
             # hands out collate_fn(sample) for each sample.
-            per_thread = stream_replica if loader.num_workers > 0 else _the_dataset
-            batching = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
+            per_thread: Any = stream_replica if loader.num_workers > 0 else _the_dataset
+            batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
                             collate=loader.collate_fn if not auto else collate)
         else:
             self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
