@@ -6,7 +6,10 @@
 # stage's assembly (_assemble.pxi: one per batching mode) before claiming
 # the next: the default collate copies it into its batch's row, collate=f
 # and no batching copy what they hand on on that thread. So every batch is
-# the stage's own (a dataset may refill one buffer per thread). Each epoch
+# the stage's own (a dataset may refill one buffer per thread). A stream's
+# threads are its workers (prefetch/_streams.py): its batches open as slots in
+# turn over the workers not ended, each filled by its worker's thread alone
+# (a hole, never handed out, where that stream had ended). Each epoch
 # is a _MapEpoch, the stage (_stage.pxi) of that epoch's _Core: the core's
 # publisher takes whole batches from it as parts; the loader threads never
 # touch the ring. The stage calls its parts and none calls it back: the

@@ -317,14 +317,11 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
     ----------
     dataset : object with ``__getitem__`` and ``__len__``, or an iterable dataset
         A list, a numpy array, a framework's map-style dataset... An
-        iterable dataset (``__iter__``, and not both of those: a stream)
-        is iterated by each of the ``workers`` threads, from a copy of its
-        own, which shards it by ``prefetch.worker_info()``; batches come in
-        turn from the workers still running. ``shuffle``, ``sampler`` and
-        ``batch_sampler`` do not apply to it, ``workers="auto"`` is one
-        thread, and ``state_dict()`` holds each worker's position (its
-        iterator's or dataset's own ``state_dict()``, else the batches it
-        delivered, read again and dropped on resuming).
+        iterable dataset (``__iter__``, not both of those) is iterated by
+        each thread from a copy of its own, sharded by
+        ``prefetch.worker_info()``, batches in turn from the threads still
+        running; ``shuffle``, ``sampler`` and ``batch_sampler`` do not
+        apply, and ``workers="auto"`` is one thread.
     batch_size : int or None, default 1
         Samples per batch; None hands out every sample on its own (no collate).
     shuffle : bool, default False
