@@ -42,6 +42,7 @@ cdef class _Batch:
         self.keys = keys
         self.n = len(keys)
         self.gen = gen
+        self.worker = -1
 
 
 cdef class _Assembly:

@@ -243,7 +243,7 @@ cdef class _Gauge:
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
 
-    cdef void restart(self, bint mapped)
+    cdef void restart(self, str what)
     cdef bint due(self, int64_t now)
     cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
@@ -292,6 +292,12 @@ cdef class _Batch:
     cdef uint64_t held             # bytes counted for it by the epochs' _Ahead
     cdef object failure            # the exception of its lowest failed row, or None
     cdef Py_ssize_t fail_row
+    # A stream's batch (_map.pxi): its worker (-1: a map-style batch, any
+    # thread's), and that worker's part of the state once it is delivered.
+    # Opened as a slot of no rows; its worker's thread reads the samples and
+    # puts the batch of those rows in its place (none: a hole, never handed out).
+    cdef int worker
+    cdef object part
 
 
 @cython.final
@@ -379,6 +385,12 @@ cdef class _EpochBatches:
     cdef Py_ssize_t stop_k         # no batch from here on opens (an error came before it)
     cdef dict pending              # k -> _Batch, opened and not taken
     cdef object failure            # an error of the sampler or a worker_init, raised after batch stop_k - 1
+    # A stream epoch's slots open in turn over its workers not ended (torch's
+    # order): `ended` is None for a map-style epoch.
+    cdef list ended                # per worker: its iterator has ended (or raised)
+    cdef int turn                  # the worker whose slot opens next
+    cdef Py_ssize_t cap            # ordered=False: slots not filled the workers alive may have
+                                   # (torch's prefetch_factor * num_workers, shared); 0: no cap
 
     cdef bint may_open(self)
     cdef Py_ssize_t open_count(self)
@@ -389,6 +401,9 @@ cdef class _EpochBatches:
     cdef void fail(self, exc, Py_ssize_t k)
     cdef void drop(self)
     cdef uint64_t held(self)
+    cdef void end_worker(self, int w)
+    cdef int next_worker(self)
+    cdef _Batch slot_of(self, int w)
 
 
 @cython.final
@@ -503,6 +518,11 @@ cdef class _MapStage(_ThreadWork):
     cdef _Epochs epochs            # the epochs, what opens when, the bounds (_epoch_batches.pxi)
     cdef bint closed
     cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); KEYS_ANY, KEYS_UNCHECKED: any key
+    # A stream (per_thread gives each thread its worker, _streams.py), and per
+    # thread the batch it fills and its next row.
+    cdef bint stream
+    cdef list filling
+    cdef list filling_row
     # counters (GIL held)
     cdef int64_t wait_ns           # the publisher's wait for batches, for the tuner
     cdef int64_t idle_ns           # threads waiting for room in the window or a new epoch (not
@@ -510,6 +530,8 @@ cdef class _MapStage(_ThreadWork):
     cdef uint64_t samples
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows)
+    cdef _Batch _stream_row(self, int wid, Py_ssize_t *row)
+    cdef _Batch _read_slot(self, int wid, _Batch slot)
     cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes)
     cdef void measure(self) except *
     cdef _open_batch(self)
@@ -526,6 +548,9 @@ cdef class _MapEpoch(_Stage):
     # order, so that the first `consumed` of them are those delivered (a
     # Loader's state_dict()); empty when ordered.
     cdef readonly list order
+    # A stream's: (worker, its part) of each batch published, in the ring's
+    # order: the first `consumed + failed` of them are those delivered.
+    cdef readonly list streamed
 
     cdef _Batch _complete(self)
 

@@ -57,24 +57,24 @@ MAP_SINGLE: int
 MAP_KEYS_UNCHECKED: int
 
 def sample_rng() -> Any: ...
-def set_sample_index(index: int) -> None: ...
 def worker_info() -> Any: ...
 
 class _MapEpoch(_Stage):
     order: list[int]
+    streamed: list[tuple[int, Any]]
 
 class _MapStage:
     threads: int
     seed: int
     gil_noticed: bool
-    def __init__(self, load: Callable[[Any], Any], mode: int, collate: Any, pool: _Pool, name: str,
+    def __init__(self, load: Optional[Callable[[Any], Any]], mode: int, collate: Any, pool: _Pool, name: str,
                  worker_init: Any, seed: int, ordered: bool, depth: int,
                  on_thread: tuple[Callable[[], None], ...] = ..., delivery: Any = ...,
                  max_bytes: int = ..., auto: Optional[tuple[int, float]] = ...,
-                 *, per_thread: Optional[Callable[[int], Callable[[Any], Any]]] = ...,
+                 *, per_thread: Optional[Callable[[int], Any]] = ...,
                  lookahead: int = ..., go_on: bool = ..., remedy: Optional[str] = ...,
-                 gil_noticed: bool = ...) -> None: ...
-    def start_epoch(self, batches: Iterator[list[Any]], epoch: int, n_keys: int, threads: int,
+                 gil_noticed: bool = ..., stream: bool = ...) -> None: ...
+    def start_epoch(self, batches: Any, epoch: int, n_keys: int, threads: int,
                     batch_rows: int, order: Any = ...,
                     following: Optional[tuple[Any, int, Iterator[list[Any]]]] = ...) -> _MapEpoch: ...
     def drop_following(self) -> None: ...

@@ -31,7 +31,8 @@ cdef class _EpochBatches:
         self.pending = {}
 
     cdef bint may_open(self):
-        return self.keys is not None and not self.exhausted and self.next_k < self.stop_k
+        return (self.keys is not None and not self.exhausted and self.next_k < self.stop_k
+                and (self.ended is None or self.next_worker() >= 0))
 
     cdef Py_ssize_t open_count(self):
         """Batches opened and not yet taken."""
@@ -47,8 +48,16 @@ cdef class _EpochBatches:
 
     cdef list read_keys(self):
         """Its next key list; None at their end (it is exhausted). An error of
-        the sampler is raised as it is."""
+        the sampler is raised as it is. A stream's: [the worker whose slot
+        opens next], in turn over those not ended."""
         cdef list keys
+        cdef int w
+        if self.ended is not None:
+            w = self.next_worker()
+            if w < 0:
+                return None
+            self.turn = (w + 1) % len(self.ended)
+            return [w]
         self.reading = True
         try:
             keys = list(next(self.keys))
@@ -75,6 +84,39 @@ cdef class _EpochBatches:
         """It ends here: nothing more opens, and its open batches are let go."""
         self.keys = None
         self.pending = {}
+
+    cdef void end_worker(self, int w):
+        """A stream's worker ``w`` has ended: no slot of it opens again; once
+        every worker has, the epoch's slots are all open."""
+        self.ended[w] = True
+        if all(self.ended):
+            self.exhausted = True
+
+    cdef int next_worker(self):
+        """A stream's worker whose slot opens next: in turn over those not
+        ended, and with ordered=False, with fewer slots not filled than its
+        share of the cap (torch's per-worker bound then: a worker that is
+        slow to fill them does not hold the others back); -1: none."""
+        cdef int i, w, n = len(self.ended)
+        cdef Py_ssize_t each = 0
+        if self.cap:
+            each = max(1, self.cap // max(1, n - sum(self.ended)))
+        for i in range(n):
+            w = (self.turn + i) % n
+            if not self.ended[w] and (each == 0 or sum(
+                    1 for b in self.pending.values()
+                    if (<_Batch>b).worker == w and not (<_Batch>b).complete) < each):
+                return w
+        return -1
+
+    cdef _Batch slot_of(self, int w):
+        """Worker ``w``'s first slot not read yet, or None."""
+        cdef _Batch found = None
+        for b in self.pending.values():
+            if ((<_Batch>b).worker == w and (<_Batch>b).n == 0 and not (<_Batch>b).complete
+                    and (found is None or (<_Batch>b).k < found.k)):
+                found = <_Batch>b
+        return found
 
     cdef uint64_t held(self):
         """The bytes counted for its open batches."""
@@ -179,6 +221,10 @@ cdef class _Epochs:
             return
         if e.keys is None:
             e.keys = batches
+            if type(batches) is tuple:   # a stream's: (its workers, the one whose slot opens first, cap)
+                e.ended = [False] * batches[0]
+                e.turn = batches[1]
+                e.cap = batches[2]
         if following is not None:
             self.after = _EpochBatches(self.new_gen(), following[1], following[0], following[2])
 
@@ -250,6 +296,7 @@ cdef class _Epochs:
         error belongs). The stage's _lock is held."""
         cdef _EpochBatches e = self.to_open()
         cdef list keys = None
+        cdef _Batch b
         if e is None or self.has_rows():
             return True   # (another thread opened one meanwhile)
         k = e.next_k
@@ -264,7 +311,11 @@ cdef class _Epochs:
             exc = None
         if keys is None or not (e is self.now or e is self.after):   # (dropped while the sampler ran)
             return False
-        b = asm.new_batch(k, keys, e.gen)
+        if e.ended is None:
+            b = asm.new_batch(k, keys, e.gen)
+        else:   # a slot: its worker's thread reads its rows
+            b = _Batch.__new__(_Batch, k, [], e.gen)
+            b.worker = keys[0]
         self.ahead.hold(b)
         e.add(b)
         self.cur = b

@@ -22,10 +22,10 @@ points to the framework's own process loader.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from prefetch import _warn
-from prefetch._core import MAP_KEYS_UNCHECKED, set_sample_index
+from prefetch._core import MAP_KEYS_UNCHECKED
 from prefetch._lifecycle import close_aside
 from prefetch._options import (
     MAX_EPOCH,
@@ -37,6 +37,7 @@ from prefetch._options import (
 )
 from prefetch._replica import replica
 from prefetch._resume import _Resume, check_state, make_state, order_part, try_state
+from prefetch._streams import start_part, stream_copy
 from prefetch._types import ClosedError, GILBoundWarning, Stats
 from prefetch._warn import machinery, warn_consumer
 from prefetch._warn import warn as warn_at_user
@@ -48,13 +49,14 @@ from prefetch.adapters import (
     register_thread_state,
 )
 from prefetch.iterator import Prefetcher
-from prefetch.loader import Loader, _Mapped, ints
+from prefetch.loader import Loader, ints
 
-__all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "FrameworkMap", "GILBoundWarning", "Options",
+__all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Options",
            "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int", "check_num_workers",
            "check_state", "close_when_dropped", "ints", "machinery", "make_state", "order_part",
            "register_collate", "register_container", "register_device", "register_leaf",
-           "register_thread_state", "replica", "set_sample_index", "try_state", "warn_at_user", "warn_consumer"]
+           "register_thread_state", "replica", "start_part", "stream_copy", "try_state", "warn_at_user",
+           "warn_consumer"]
 
 
 class _ThreadLoad:
@@ -86,7 +88,9 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     ``remedy``: the framework's process loader, named in the GIL warning.
     ``per_thread``: (dataset, worker_id) -> that thread's dataset, where the
     threads cannot share it (a copy of its own, as each worker process
-    holds). ``lookahead``: at most that many batches opened and not yet
+    holds; for a stream, the copy its worker iterates). ``stream``: the
+    dataset is iterable (a framework's iterable dataset class, whatever
+    else it has). ``lookahead``: at most that many batches opened and not yet
     taken (a framework's ``prefetch_factor * num_workers``; 0: the Loader's
     own bounds only). ``go_on``: a batch whose sample or collate raised is
     that batch's error and the epoch goes on, as some frameworks' loaders
@@ -102,10 +106,13 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
                  per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
                  on_notice: Optional[Callable[[Warning], None]] = None,
-                 framework: Optional[dict[str, Any]] = None, said_batch_size: Any = _OWN, **kwargs: Any) -> None:
+                 framework: Optional[dict[str, Any]] = None, said_batch_size: Any = _OWN, stream: bool = False,
+                 **kwargs: Any) -> None:
+        self._stream = stream
+        self._replicate = per_thread if stream else None
         self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
                            on_notice=on_notice,
-                           per_thread=None if per_thread is None else _ThreadLoad(per_thread, dataset))
+                           per_thread=None if per_thread is None or stream else _ThreadLoad(per_thread, dataset))
         self._framework = framework
         self._order_given = order
         super().__init__(dataset, **kwargs)
@@ -115,7 +122,7 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
             self.batch_size = said_batch_size
 
     def _stage_hooks(self) -> dict[str, Any]:
-        return self._hooks
+        return dict(self._hooks)
 
     # The drop-in's part of the resume state (its framework's name under
     # "name"): saved with the Loader's, and a state without it refused.
@@ -146,14 +153,9 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
         its batches are loaded elsewhere."""
         self._stage.drop_following()
 
-    @property
-    def next_epoch(self) -> int:
-        """The number of the epoch the next ``iter()`` starts."""
-        return self._epoch
-
-    def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
-        batches, _, rows = super()._keys(epoch)
-        return batches, MAP_KEYS_UNCHECKED, rows
+    def _keys(self, epoch: int) -> tuple[Any, int, int]:
+        batches, n_keys, rows = super()._keys(epoch)
+        return batches, n_keys if self._stream else MAP_KEYS_UNCHECKED, rows
 
     def _order(self, epoch: int) -> Any:
         order = getattr(self.batch_sampler, "order", None)
@@ -161,25 +163,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
     def _order_batches(self, plan: Any) -> Iterator[list[Any]]:
         return plan.batches()  # type: ignore[no-any-return]
-
-
-def _each_thread_has_its_own(task: Any) -> Any:
-    raise AssertionError("each loader thread runs its own load")   # per_thread replaces it
-
-
-class FrameworkMap(_Mapped):  # type: ignore[type-arg]
-    """``prefetch.map`` over a drop-in's tasks whose thread w runs
-    ``per_thread(w)`` (a function task -> result: that worker's own work),
-    results as they complete, at most ``lookahead`` opened and not yet taken."""
-
-    def __init__(self, tasks: Iterable[Any], *, per_thread: Callable[[int], Callable[[Any], Any]],
-                 lookahead: int, workers: int, depth: int, timeout: Optional[float], name: Optional[str],
-                 device: Any = None) -> None:
-        self._hooks = dict(per_thread=per_thread, lookahead=lookahead)
-        super().__init__(_each_thread_has_its_own, tasks, workers, False, depth, timeout, name, None, device=device)
-
-    def _stage_hooks(self) -> dict[str, Any]:
-        return self._hooks
 
 
 def close_when_dropped(owner: Any, close: Callable[[], None]) -> None:

@@ -63,11 +63,11 @@ cdef class _Gauge:
         self.noticed = noticed
         self.cpus = usable_cpus() if cpus is None else cpus
 
-    cdef void restart(self, bint mapped):
-        """A new epoch (``mapped``: of prefetch.map, whose threads call a
-        function): the next batch starts a window."""
+    cdef void restart(self, str what):
+        """A new epoch, whose threads run ``what`` ("dataset[i]", "the mapped
+        function", "the stream's next()"): the next batch starts a window."""
         self.t0 = 0
-        self.what = "the mapped function" if mapped else "dataset[i]"
+        self.what = what
 
     cdef bint due(self, int64_t now):
         """The batch being taken closes a window."""

@@ -6,7 +6,10 @@
 # stage's assembly (_assemble.pxi: one per batching mode) before claiming
 # the next: the default collate copies it into its batch's row, collate=f
 # and no batching copy what they hand on on that thread. So every batch is
-# the stage's own (a dataset may refill one buffer per thread). Each epoch
+# the stage's own (a dataset may refill one buffer per thread). A stream's
+# threads are its workers (prefetch/_streams.py): its batches open as slots in
+# turn over the workers not ended, each filled by its worker's thread alone
+# (a hole, never handed out, where that stream had ended). Each epoch
 # is a _MapEpoch, the stage (_stage.pxi) of that epoch's _Core: the core's
 # publisher takes whole batches from it as parts; the loader threads never
 # touch the ring. The stage calls its parts and none calls it back: the
@@ -62,19 +65,6 @@ def sample_rng():
     return np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, key, epoch]))
 
 
-def set_sample_index(Py_ssize_t index):
-    """Inside load(key) on a loader thread: sample_rng() draws the stream of
-    sample ``index`` for the rest of this load (a loader whose items are not
-    numbered as the streams it wants: a framework's per-worker replicas,
-    whose batches go to whichever task their thread claims)."""
-    sample = getattr(_tls, "sample", None)
-    if sample is None:
-        raise RuntimeError("set_sample_index() is called inside a loader thread's load")
-    if index < 0:
-        raise ValueError(f"set_sample_index() needs a non-negative index, got {index}")
-    _tls.sample = (sample[0], sample[1], index)
-
-
 cdef _check_key(key, Py_ssize_t n_keys):
     """``key`` is a dataset index: an int (or a numpy or framework integer) in [0, n_keys)."""
     if isinstance(key, bool) or not isinstance(key, int):
@@ -103,12 +93,14 @@ cdef class _MapStage(_ThreadWork):
     def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
                   int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0, auto=None, *,
                   per_thread=None, Py_ssize_t lookahead=0, bint go_on=False, remedy=None,
-                  bint gil_noticed=False, on_notice=None):
+                  bint gil_noticed=False, on_notice=None, bint stream=False):
         """``auto``: workers="auto"'s (max_threads, cpus), _Tuner's. A drop-in's
         hooks (prefetch/_framework.py): each thread's own load, the batches
         opened and not yet consumed at most, a batch's error that the epoch
         goes on after, the GIL notice's remedy, already given, and who takes
-        it instead of a warning (a drop-in that acts on it)."""
+        it instead of a warning (a drop-in that acts on it). ``stream``:
+        ``per_thread(worker_id)`` gives each thread its worker of a stream
+        (prefetch/_streams.py), whose batches it alone reads."""
         self.load = load
         self.per_thread = per_thread
         self.go_on = go_on
@@ -127,6 +119,9 @@ cdef class _MapStage(_ThreadWork):
         self.n_keys = KEYS_ANY
         self.gauge = _Gauge(name, remedy, gil_noticed)
         self.on_notice = on_notice
+        if stream:
+            self.stream = True
+            self.filling, self.filling_row = [None] * per_thread.count, [0] * per_thread.count
         if auto is not None:
             self.tuner = _Tuner(*auto)
 
@@ -142,7 +137,8 @@ cdef class _MapStage(_ThreadWork):
         if self.tuner is not None:
             threads = max(self.target, 1)
             self.tuner.restart()
-        self.gauge.restart(n_keys == KEYS_ANY)
+        self.gauge.restart("the stream's next()" if self.stream
+                           else "the mapped function" if n_keys == KEYS_ANY else "dataset[i]")
         with self._cv:
             if self.closed:
                 raise ClosedError(f"loader {self.name!r} is closed")
@@ -152,6 +148,8 @@ cdef class _MapStage(_ThreadWork):
         # Not under _cv: Thread.start() may run a signal handler that calls close().
         # No keys until every thread has started: they find the work at once.
         self._set_threads(threads, batch_rows)
+        if self.stream:   # a stream's (workers, turn), and its cap
+            batches = (*batches, 0 if self.ordered else self.epochs.ahead.lookahead or self.epochs.window)
         with self._cv:
             if self.closed:   # by a signal handler inside Thread.start(), or another thread
                 raise ClosedError(f"loader {self.name!r} was closed while its epoch started")
@@ -171,7 +169,8 @@ cdef class _MapStage(_ThreadWork):
         _LoaderThreads.ensure)."""
         # Enough batches open for every thread to have a row, and one more
         # so that a thread finishing a batch finds the next one open.
-        self.epochs.window = max(2, (threads + batch_rows - 1) // batch_rows + 1)
+        self.epochs.window = (2 * threads if self.stream   # a slot per worker, and its next
+                              else max(2, (threads + batch_rows - 1) // batch_rows + 1))
         self.asm.keep_batches = self.epochs.window + self.depth + 2   # open, in the ring, held by the user
         self.target = threads
         self.rows = batch_rows
@@ -245,7 +244,11 @@ cdef class _MapStage(_ThreadWork):
         _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch)
         for apply in self.on_thread:
             apply()
-        if self.per_thread is not None:
+        if self.stream:
+            reader = self.per_thread(wid)   # this thread's worker of the stream
+            load = reader.sample
+            _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch, reader.dataset)
+        elif self.per_thread is not None:
             load = self.per_thread(wid)   # this thread's own dataset, before worker_init
         if self.worker_init is not None:
             self.worker_init(wid)
@@ -258,8 +261,9 @@ cdef class _MapStage(_ThreadWork):
         now.fail(exc, now.taken)
 
     cdef _Batch claim(self, int wid, Py_ssize_t *row):
-        """The batch and row this thread loads next, in sampler order; None once
-        closed. A thread numbered past the target count waits (parked)."""
+        """The batch and row this thread loads next, in sampler order (a
+        stream's: of its worker's batches); None once closed. A thread
+        numbered past the target count waits (parked)."""
         cdef _Batch b
         cdef int64_t t0, ready
         cdef _Epochs epochs = self.epochs
@@ -271,7 +275,7 @@ cdef class _MapStage(_ThreadWork):
                     if not self.closed and wid >= self.target:
                         self._cv.wait(WAIT_SLICE_S)
                 continue
-            b = epochs.claim_row(row)
+            b = self._stream_row(wid, row) if self.stream else epochs.claim_row(row)
             if b is not None:
                 return b
             if epochs.to_open() is not None:
@@ -280,7 +284,8 @@ cdef class _MapStage(_ThreadWork):
             t0 = pf_now_ns()
             ready = 0
             with self._cv:
-                if not self.closed and epochs.to_open() is None and not epochs.has_rows():
+                if not self.closed and epochs.to_open() is None and not (
+                        epochs.now.slot_of(wid) is not None if self.stream else epochs.has_rows()):
                     self.crew.waits(wid)
                     try:
                         self._cv.wait(WAIT_SLICE_S)
@@ -288,12 +293,77 @@ cdef class _MapStage(_ThreadWork):
                         ready = self.crew.runs(wid, pf_now_ns())
             self.idle_ns += pf_now_ns() - t0 - ready
 
+    cdef _Batch _stream_row(self, int wid, Py_ssize_t *row):
+        """A stream's: the next row of the batch this thread's worker read
+        last, else of the one it reads into its next slot; None where it has
+        none (or left a hole)."""
+        cdef _Batch b = self.filling[wid]
+        if b is None or self.filling_row[wid] >= b.n or self.epochs.epoch_of(b) is None:
+            slot = self.epochs.now.slot_of(wid)
+            b = self.filling[wid] = None if slot is None else self._read_slot(wid, slot)
+            self.filling_row[wid] = 0
+            if b is None:
+                return None
+        row[0] = self.filling_row[wid]
+        self.filling_row[wid] += 1
+        return b
+
+    cdef _Batch _read_slot(self, int wid, _Batch slot):
+        """Worker ``wid`` reads the samples of ``slot`` from its stream: the
+        batch of those rows, returned, takes the slot's place; none (its
+        stream had ended) leaves a hole; an error of the stream is the
+        slot's, and the worker's end."""
+        cdef _EpochBatches e = self.epochs.now
+        cdef _Batch b = None
+        cdef int64_t t0
+        reader = self.per_thread.made[wid]
+        keys = None
+        failure = None
+        ended = e.ended[wid]
+        if not ended:
+            t0 = pf_now_ns()
+            self.crew.busy(wid, f"the stream's batch {slot.k + 1}", t0)
+            try:
+                reader.start(e.epoch)
+                # sample_rng()'s index: worker w's batch j is the (j * workers + w)th,
+                # whenever the other workers end
+                _tls.sample = (self.seed, e.epoch, reader.batches * len(e.ended) + wid)
+                keys, ended = reader.read()
+            except BaseException as exc:
+                failure = _stop_as_error(exc, "the stream")
+                _note_batch(failure, f"in loader thread {self.name}-w{wid}",
+                            f"reading {{batch}} of worker {wid}'s stream", reader.batches + 1)
+                exc = None
+            self.crew.busy(wid, None, 0)
+            self.crew.load_ns += pf_now_ns() - t0
+            _tls.sample = None
+        with self._cv:
+            if self.epochs.epoch_of(slot) is not e:
+                return None   # dropped meanwhile
+            if ended or failure is not None:
+                e.end_worker(wid)
+            if keys:
+                b = self.asm.new_batch(slot.k, keys, slot.gen)
+                b.worker = wid
+                b.part = reader.state
+                b.held = slot.held
+                e.pending[slot.k] = b
+            else:
+                slot.failure = failure
+                slot.complete = True
+                if failure is not None and not self.go_on:
+                    e.stop_after(slot)
+            self._notify()
+        return b
+
     cdef _open_batch(self):
         cdef bint opened = False
         with self._lock:   # one thread reads the sampler at a time
             opened = self.epochs.open_next(self.asm, self.name)
-        if not opened:
-            self.wake()   # the end of the keys, or an error (once this frame holds it no more)
+        if not opened or self.stream:
+            # The end of the keys, or an error (once this frame holds it no
+            # more); a stream's slot: its worker's thread may be waiting.
+            self.wake()
 
     cdef object key_of(self, _Batch b, Py_ssize_t row, int wid):
         cdef _EpochBatches e = self.epochs.epoch_of(b)
@@ -302,7 +372,7 @@ cdef class _MapStage(_ThreadWork):
         key = b.keys[row]
         info = _tls.info
         if info.epoch != e.epoch:   # the next epoch's batches may open before it starts
-            _tls.info = WorkerInfo(wid, self.target, self.seed, e.epoch)
+            _tls.info = WorkerInfo(wid, self.target, self.seed, e.epoch, info.dataset)
         # sample_rng's index: the dataset index, or the item's position for map
         _tls.sample = (self.seed, e.epoch, b.k if self.n_keys == KEYS_ANY else key)
         return key
@@ -379,6 +449,7 @@ cdef class _MapEpoch(_Stage):
         self.stage = stage
         self.e = e
         self.order = []
+        self.streamed = []
 
     cdef int produce(self, _Parts parts) except -1:
         """The next batch of this epoch (in order, or the first complete one)
@@ -392,6 +463,14 @@ cdef class _MapEpoch(_Stage):
             if st.closed or e is not st.epochs.now:
                 return P_STOPPED
             b = self._complete()
+            if b is not None and b.n == 0 and b.failure is None:
+                # A stream's hole (its worker had ended): its room is let go.
+                del e.pending[b.k]
+                e.taken += 1
+                with st._cv:
+                    st.epochs.ahead.consumed(True, b.held)
+                    st._notify()
+                continue
             if b is not None:
                 break
             if e.exhausted and not e.pending or e.stop_k <= e.taken:
@@ -410,6 +489,9 @@ cdef class _MapEpoch(_Stage):
         e.taken += 1
         st.wake()      # room in the window
         st.measure()   # after: the gauge's probe watches the threads at work
+        if b.worker >= 0:
+            self.streamed.append((b.worker, b.part))
+            b.part = None
         if b.failure is not None:
             if not st.go_on:
                 e.stop_k = min(e.stop_k, e.taken)

@@ -23,8 +23,8 @@ STATE_VERSION = 3
 # "order": what decides the epoch's order besides the seed, the epoch and the
 # sampler's own state (order_part). "sampler": the sampler's own state, or the
 # drop-in's sampler side (the generators its order is drawn from).
-# "streams": None for a map-style dataset; for a stream (an IterableDataset
-# in a drop-in), each worker's part and the worker whose batch is due next.
+# "streams": None for a map-style dataset; for an iterable dataset (a
+# stream), each worker's part and the worker whose batch is due next.
 # "framework": None for the Loader; a drop-in's parts, under its framework's name.
 _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", "dataset_length",
                "batch_size", "order", "sampler", "streams", "framework")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class ClosedError(RuntimeError):
@@ -151,12 +152,16 @@ class WorkerInfo:
         The loader's seed (drawn at random when none was given).
     epoch : int
         The epoch being loaded, from 0.
+    dataset : object or None
+        An iterable dataset's copy this thread iterates (a stream shards
+        itself by ``id`` and ``num_workers``); None for a map-style dataset.
     """
 
     id: int
     num_workers: int
     seed: int
     epoch: int
+    dataset: Any = None
 
 
 # Shown (type reprs, tracebacks, pickles) under the names users import them by.

@@ -8,6 +8,8 @@ starts an epoch, the stage of a new compiled ``_Core`` (the map stage is in
 """
 from __future__ import annotations
 
+import collections.abc
+import copy
 import itertools
 import math
 import os
@@ -43,7 +45,8 @@ from prefetch._options import (
     check_int,
     usable_cpus,
 )
-from prefetch._resume import _LoaderState, _Record, _Resume, _skipping
+from prefetch._resume import _LoaderState, _Record, _Resume, _skipping, check_state, make_state
+from prefetch._streams import StreamRecord, Workers, stream_copy
 from prefetch._types import ClosedError, Stats
 
 __all__ = ["Loader", "map", "sample_rng", "worker_info"]
@@ -142,6 +145,7 @@ class _Threaded(_Lifecycle):
 
     _kind = "loader"
     _epoch = 0
+    _streams: Optional[Workers] = None   # an iterable dataset's workers; None: map-style
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Before __init__ (here, not on the subclasses, whose signature
@@ -156,7 +160,7 @@ class _Threaded(_Lifecycle):
         remedy and whether it was given. None here."""
         return {}
 
-    def _setup(self, load: Callable[[Any], Any], mode: int, collate: Any, options: Options,
+    def _setup(self, load: Optional[Callable[[Any], Any]], mode: int, collate: Any, options: Options,
                device: Any, worker_init: Any) -> None:
         self._options = options
         self._timeout = options.timeout
@@ -171,23 +175,22 @@ class _Threaded(_Lifecycle):
         self._thread_states = adapters._capture_thread_states()
         # workers="auto": past the CPUs only while the threads leave CPUs idle (waiting on I/O).
         auto = (AUTO_MAX_THREADS, usable_cpus()) if options.workers is None else None
+        hooks = self._stage_hooks()
+        if self._streams is not None:   # each thread its worker of the stream
+            hooks.update(per_thread=self._streams, stream=True)
         self._stage = _MapStage(load, mode, collate, self._pool, options.name, worker_init, self._seed,
                                 options.ordered, options.depth, self._thread_states,
-                                delivery=self._delivery, max_bytes=options.max_bytes, auto=auto,
-                                **self._stage_hooks())
+                                delivery=self._delivery, max_bytes=options.max_bytes, auto=auto, **hooks)
         self._owned = ((self._stage, self._pool) if self._delivery is None
                        else (self._stage, self._delivery, self._pool))
         self._mode = mode
         self._name = options.name
         self._remember_caller()
 
-    def adopt_seed(self, seed: int, epoch: Optional[int] = None) -> None:
+    def adopt_seed(self, seed: int) -> None:
         """A drop-in's seed for ``sample_rng()`` (its loaders share one, so the
-        draws do not depend on which of them runs an epoch; a framework's
-        own seed), and the number of the next epoch where given."""
+        draws do not depend on which of them runs an epoch; a framework's own)."""
         self._seed = self._stage.seed = seed
-        if epoch is not None:
-            self._epoch = epoch
 
     # -- per epoch ----------------------------------------------------------
 
@@ -322,8 +325,13 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
 
     Parameters
     ----------
-    dataset : object with ``__getitem__`` and ``__len__``
-        A list, a numpy array, a framework's map-style dataset...
+    dataset : object with ``__getitem__`` and ``__len__``, or an iterable dataset
+        A list, a numpy array, a framework's map-style dataset... An
+        iterable dataset (``__iter__``, not both of those) is iterated by
+        each thread from a copy of its own, sharded by
+        ``prefetch.worker_info()``, batches in turn from the threads still
+        running; ``shuffle``, ``sampler`` and ``batch_sampler`` do not
+        apply, and ``workers="auto"`` is one thread.
     batch_size : int or None, default 1
         Samples per batch; None hands out every sample on its own (no collate).
     shuffle : bool, default False
@@ -392,7 +400,12 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
                  timeout: Optional[float] = None, max_bytes: Optional[int] = None,
                  name: Optional[str] = None,
                  worker_init: Optional[Callable[[int], Any]] = None, epoch: int = 0) -> None:
-        check_dataset(dataset, "for an iterable, use prefetch.map(fn, iterable) or Prefetcher")
+        stream = self._stream if self._stream is not None else _is_stream(dataset)
+        if not stream:
+            check_dataset(dataset, "for an iterable dataset, __iter__ (making a new iterator each time); "
+                                   "for an iterator or generator, prefetch.map(fn, iterable) or Prefetcher")
+        elif workers == "auto":
+            workers = 1   # a stream shards itself by its worker count: it is the user's to choose
         options = Options.check("loader", name=name, depth=depth, workers=workers, max_bytes=max_bytes,
                                 timeout=timeout, seed=seed, ordered=ordered)
         shuffle = check_bool("shuffle", shuffle)
@@ -412,6 +425,10 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
             if not hasattr(sampler, "__iter__"):
                 raise TypeError(f"sampler must be an iterable of indices, got {sampler!r} "
                                 f"({type(sampler).__name__})")
+        if stream and (shuffle or sampler is not None or batch_sampler is not None):
+            raise ValueError(f"an iterable dataset gives its samples in its own order: it excludes shuffle, "
+                             f"sampler and batch_sampler, got shuffle={shuffle!r}, sampler={sampler!r}, "
+                             f"batch_sampler={batch_sampler!r}")
         collate = check_callable("collate", collate)
         self._epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
         self.dataset = dataset
@@ -424,7 +441,16 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
             mode = MAP_SINGLE
         else:
             mode = MAP_STACK if collate is None else MAP_CUSTOM
-        self._setup(dataset.__getitem__, mode, collate, options, device, worker_init)
+        if stream:
+            self._streams = Workers(dataset, workers, batch_size or 1, drop_last,
+                                    self._replicate or stream_copy)
+        self._setup(None if stream else dataset.__getitem__, mode, collate, options, device, worker_init)
+
+    _turn = 0   # a stream epoch's worker due first
+    _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
+    # A drop-in's word on whether its dataset is a stream; None: an iterable
+    # dataset has __iter__, and not both __getitem__ and __len__.
+    _stream: Optional[bool] = None
 
     # -- epochs and resuming ------------------------------------------------
 
@@ -445,7 +471,9 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
                 self._stage.drop_following()   # not the epoch opened early
             self._epoch = epoch
 
-    def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
+    def _keys(self, epoch: int) -> tuple[Any, int, int]:
+        if self._streams is not None:   # the workers in turn, from the one due (_map.pxi)
+            return (self._streams.count, self._turn), -1, 1
         n = len(self.dataset)
         if self.batch_sampler is not None:
             _tell_epoch(self.batch_sampler, epoch)
@@ -462,7 +490,7 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
     def _order(self, epoch: int) -> Any:
         # Only an order no user code gives: a sampler may change between
         # epochs (its set_epoch called by the user, a state loaded into it).
-        if self.sampler is not None or self.batch_sampler is not None:
+        if self.sampler is not None or self.batch_sampler is not None or self._streams is not None:
             return None
         return (len(self.dataset), self._seed, epoch, self.shuffle, self.batch_size, self.drop_last)
 
@@ -485,11 +513,59 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         return keys
 
     def __len__(self) -> int:
+        if self._streams is not None:
+            raise TypeError(f"{self!r} reads an iterable dataset: its batches are not counted ahead")
         return _batches_per_epoch(self)
+
+    # -- a stream's state: each worker's part (prefetch/_streams.py) ----------
+
+    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
+        streams = self._streams
+        if streams is None:
+            return super()._begin(epoch, resume)
+        if resume is None:
+            streams.resumed, self._turn = None, 0
+            return StreamRecord(epoch, streams.starts(), 0, self._options.ordered)
+        parts = [dict(p) for p in resume.streams["workers"]]
+        streams.resumed, self._turn = (epoch, parts), resume.streams["next"]
+        return StreamRecord(epoch, list(parts), self._turn, self._options.ordered)
+
+    def state_dict(self) -> dict[str, Any]:
+        streams = self._streams
+        if streams is None:
+            return super().state_dict()
+        with self._epoch_lock:
+            record, resume, epoch = self._record, self._resume, self._epoch
+        if resume is not None:
+            epoch, parts = resume.epoch, resume.streams
+        elif not isinstance(record, StreamRecord) or record.core is None or record.core.ended:
+            parts = {"next": 0, "workers": streams.starts()}   # the next epoch's start
+        else:
+            epoch, parts = record.epoch, record.streams()
+        return make_state(seed=self._seed, epoch=epoch, prefix=sum(p["batches"] for p in parts["workers"]),
+                          extras=[], dataset_length=None, batch_size=self.batch_size, sampler=None,
+                          streams=copy.deepcopy(parts), framework=self._framework_part())
+
+    def _check_state(self, state: Any) -> tuple[_Resume, int]:
+        if self._streams is None:
+            return super()._check_state(state)
+        return check_state(state, dataset_length=None, batch_size=self.batch_size,
+                           seed=self._seed if self._options.seed is not None else None, batches_per_epoch=-1,
+                           sampler_has_state=False, framework=self._framework_name(),
+                           workers=self._streams.count)
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
         def __enter__(self) -> "Loader[T]": ...
+
+
+def _is_stream(dataset: Any) -> bool:
+    """An iterable dataset: ``__iter__`` without ``__getitem__`` and
+    ``__len__``, and not an iterator (one-shot: each worker thread iterates
+    the dataset anew every epoch)."""
+    cls = type(dataset)
+    return (hasattr(cls, "__iter__") and not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__"))
+            and not isinstance(dataset, collections.abc.Iterator))
 
 
 def _batches_per_epoch(loader: Loader[Any]) -> int:
@@ -512,7 +588,7 @@ class _Mapped(_Threaded, Generic[T]):
 
     def __init__(self, fn: Callable[[Any], T], iterable: Iterable[Any], workers: Any, ordered: bool,
                  depth: int, timeout: Optional[float], name: Optional[str],
-                 worker_init: Optional[Callable[[int], Any]], device: Any = None) -> None:
+                 worker_init: Optional[Callable[[int], Any]]) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r} ({type(fn).__name__})")
         try:
@@ -524,8 +600,7 @@ class _Mapped(_Threaded, Generic[T]):
         self._iterable = None if items is iterable else iterable
         options = Options.check("loader", name=name, depth=depth, workers=workers, timeout=timeout,
                                 ordered=ordered)
-        # device: a drop-in's delivery for its results (not in map()'s signature)
-        self._setup(fn, MAP_SINGLE, None, options, device, worker_init)
+        self._setup(fn, MAP_SINGLE, None, options, None, worker_init)
 
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         items = self._items

@@ -5,13 +5,13 @@ constructor validates every argument (same exception types and messages),
 builds the samplers (``RandomSampler`` with ``generator``,
 ``SequentialSampler``, ``BatchSampler``), sets the attributes, and gives
 ``len()``, ``DataLoader[T]`` and the persistent-workers logic. Only the
-iterator differs: ``num_workers`` threads of a ``prefetch.Loader`` (map-style
-datasets) or of a ``prefetch.map`` (``IterableDataset``: ``_shards.py``)
-instead of processes; each thread is a worker (``_worker.py``).
+iterator differs: ``num_workers`` threads of a ``prefetch.Loader`` instead
+of processes, over a map-style dataset or an ``IterableDataset`` alike; each
+thread is a worker (``_worker.py``).
 
-Threading contract: ``_Batches._take`` and ``_OneSample`` run on loader
-threads (and what ``_worker.py`` and ``_shards.py`` say); everything else
-on the consumer's thread.
+Threading contract: ``_Batches._take``, ``_OneSample`` and what
+``_worker.py`` says run on loader threads; everything else on the
+consumer's thread.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from prefetch._framework import (
     machinery,
     make_state,
     order_part,
+    start_part,
     try_state,
     warn_at_user,
 )
@@ -55,9 +56,8 @@ from prefetch.torch._processes import (
     why_not_processes,
 )
 from prefetch.torch._sampler import _Batches, _generators, decode_generator, drawing_from, encode_generator
-from prefetch.torch._shards import NOTHING, ShardMap, fresh_part, stateful
 from prefetch.torch._torch import torch
-from prefetch.torch._worker import InitThread, get_worker_info, thread_replica
+from prefetch.torch._worker import InitThread, get_worker_info, stream_replica, thread_replica
 
 __all__ = ["DataLoader", "StatefulDataLoader", "get_worker_info"]
 
@@ -143,10 +143,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
       raised as the same object with its own traceback and a note naming the
-      sample and the thread (torch re-raises a copy with the worker's traceback
-      as text); after a map-style dataset's or ``collate_fn``'s error, ``next()``
-      goes on with the next batch, as torch's does;
-      any other error ends the epoch;
+      sample (an IterableDataset's: the worker's batch) and the thread (torch
+      re-raises a copy with the worker's traceback as text); after the
+      dataset's or ``collate_fn``'s error, ``next()`` goes on with the next
+      batch, as torch's does (an IterableDataset's worker that raised has
+      ended); any other error ends the epoch;
     - a map-style dataset needs ``__len__`` (its indices are passed to
       ``dataset[...]`` as the sampler gives them, as torch does);
     - ``timeout`` also applies with ``num_workers=0``; on expiry it raises
@@ -256,9 +257,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if isinstance(self.dataset, IterableDataset):
             # New workers copy the dataset as it is now: its own state with it
             # (a pass counter kept across epochs; with 0 workers, the one object).
-            dataset = self.dataset
-            own = dataset.state_dict() if stateful(dataset) and not hasattr(dataset, "__next__") else None
-            part = dict(fresh_part(), dataset=own)
+            part = start_part(self.dataset)
             streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
             return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=None,
                               batch_size=self.batch_size, order=_order(self), sampler=None, streams=streams,
@@ -585,38 +584,44 @@ class _ThreadIter:
         self._drained = False   # the threads handed out their part of the epoch begun: torch's workers go on
         self._notices: list[Any] = []   # the GIL notice, taken from the Loader for _decide
         self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
+        auto = loader._auto_collation
+        # torch's default_collate: the Loader's own collate gives the same batches,
+        # each sample copied once into its row (torch stacks a list, then copies
+        # again into shared memory); _as_torch turns its numpy leaves into tensors.
+        self._convert = auto and loader.collate_fn is default_collate
+        collate = None if self._convert else loader.collate_fn if auto else _OneSample(loader.collate_fn)
+        # One GIL notice per DataLoader, though each epoch without persistent workers
+        # has a Loader of its own.
+        self._gil_noticed = loader._gil_noticed
         if self._iterable:
-            self._source: Any = ShardMap(loader, options, self._ahead, base_seed, framework=framework,
-                                         order=_order(loader), device=PinnedHost() if self._pin else None)
+            # Each worker thread iterates a copy of its own (the dataset itself
+            # with num_workers=0, as torch's main process); torch's batch_size=None
+            # hands out collate_fn(sample) for each sample.
+            per_thread: Any = stream_replica if loader.num_workers > 0 else _the_dataset
+            batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
+                            collate=loader.collate_fn if not auto else collate)
         else:
-            auto = loader._auto_collation
             self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
                                      ahead=self._ahead, stateful=_stateful_samplers(loader))
-            self._batches.processes = self._choice.processes
-            init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
-            # torch's default_collate: the Loader's own collate gives the same batches,
-            # each sample copied once into its row (torch stacks a list, then copies
-            # again into shared memory); _as_torch turns its numpy leaves into tensors.
-            self._convert = auto and loader.collate_fn is default_collate
-            collate = None if self._convert else loader.collate_fn if auto else _OneSample(loader.collate_fn)
-            # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
-            # A batch's error is that batch's; the epoch goes on (torch's does).
-            # Pinned on the publisher thread, as on torch's pin-memory thread;
-            # what only torch's pin_memory() knows (an object's own) on the consumer's.
             # Each thread loads from a copy of its own, as each worker process (not with
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
-            # One GIL notice per DataLoader, though each epoch without persistent workers
-            # has a Loader of its own.
-            self._gil_noticed = loader._gil_noticed
-            self._source = FrameworkLoader(loader.dataset, batch_sampler=self._batches, collate=collate,
-                                           per_thread=per_thread, worker_init=init, seed=base_seed,
-                                           lookahead=self._ahead, go_on=True, gil_noticed=self._gil_noticed[0],
-                                           device=PinnedHost() if self._pin else None, framework=framework,
-                                           order=_order(loader), said_batch_size=loader.batch_size,
-                                           remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
-                                           on_notice=self._notices.append if self._choice.acts_on(loader) else None,
-                                           **options)
+            self._batches.processes = self._choice.processes
+            batching = dict(batch_sampler=self._batches, collate=collate)
+        init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
+        # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
+        # A batch's error is that batch's; the epoch goes on (torch's does).
+        # Pinned on the publisher thread, as on torch's pin-memory thread;
+        # what only torch's pin_memory() knows (an object's own) on the consumer's.
+        self._source = FrameworkLoader(loader.dataset, per_thread=per_thread, worker_init=init, seed=base_seed,
+                                       lookahead=self._ahead, go_on=True, gil_noticed=self._gil_noticed[0],
+                                       device=PinnedHost() if self._pin else None, framework=framework,
+                                       order=_order(loader), said_batch_size=loader.batch_size,
+                                       stream=self._iterable,
+                                       remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
+                                       on_notice=self._notices.append
+                                       if not self._iterable and self._choice.acts_on(loader) else None,
+                                       **batching, **options)
         if resume is not None:
             self._source.load_checked(*checked)   # checked once, by load_state_dict
             self._handed = resume["batches"]
@@ -628,7 +633,6 @@ class _ThreadIter:
         close_when_dropped(self, self._source.close)
         close_when_dropped(self, self._workers.close)
         self._done = False
-        self._convert = getattr(self, "_convert", False)
         self._yielded = self._taken = 0   # batches of the epoch handed out; and failed too
         self._epoch: Any = None
         self._reset(loader)
@@ -674,8 +678,6 @@ class _ThreadIter:
         failed = epoch.failed_batches
         try:
             batch = next(self._epoch)
-            while batch is NOTHING:
-                batch = next(self._epoch)
         except TimeoutError as exc:   # the epoch goes on: next() waits again
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
         except StopIteration:
@@ -689,7 +691,7 @@ class _ThreadIter:
             raise
         except BaseException as exc:
             if epoch.failed_batches != failed:
-                # That batch's own error (a map-style dataset's, collate_fn's):
+                # That batch's own error (the dataset's, collate_fn's):
                 # the epoch goes on with the next batch, as torch's does.
                 self._handed += 1
                 self._taken += 1
@@ -762,12 +764,9 @@ class _ThreadIter:
         return batch
 
     def _end(self, close: bool) -> None:
-        """The epoch is over: tasks waiting for their turn return; threads go if ``close``."""
+        """The epoch is over; its threads go if ``close``."""
         self._done = True
-        if self._iterable:
-            self._source.cancel()
-        else:
-            self._gil_noticed[0] = self._gil_noticed[0] or self._source.gil_noticed
+        self._gil_noticed[0] = self._gil_noticed[0] or self._source.gil_noticed
         if close:
             self._source.close()
             self._workers.close()
@@ -781,7 +780,7 @@ class _ThreadIter:
 
 class _Position:
     """What ``state_dict()`` reads of the DataLoader iterator made last:
-    its source (a Loader, or the IterableDataset's ShardMap), kept after the
+    its source (a Loader), kept after the
     iterator is gone (a break) and after it closed: the state of a run that
     saves its checkpoint after leaving its loop, or on shutdown."""
 
@@ -805,3 +804,8 @@ class _Position:
         if iterator is not None:
             iterator.close()
         self.source.close()
+
+
+def _the_dataset(dataset: Any, worker_id: int) -> Any:
+    """num_workers=0: the one thread iterates the dataset itself, as torch's main process."""
+    return dataset

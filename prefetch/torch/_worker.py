@@ -2,9 +2,9 @@
 
 ``get_worker_info()`` gives a loader thread what
 ``torch.utils.data.get_worker_info()`` gives a worker process. For a
-map-style dataset, ``thread_replica`` (the Loader's per_thread) and
-``InitThread`` (its worker_init) run on each loader thread as it starts; an
-IterableDataset's worker (``_shards.py``) sets the same thread-local fields.
+map-style dataset ``thread_replica``, for an IterableDataset ``stream_replica``
+(the Loader's per_thread), then ``InitThread`` (its worker_init), run on each
+loader thread as it starts.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
-from prefetch._framework import replica
+from prefetch._framework import replica, stream_copy
 from prefetch.torch._bindings import module_bindings
 from prefetch.torch._torch import torch
 
@@ -130,6 +130,13 @@ def thread_replica(dataset: Any, worker_id: int) -> Any:
     """A Loader's per_thread: the thread's copy of a map-style dataset, as a
     worker process holds one (``get_worker_info().dataset`` names it)."""
     _local.replica = replica(dataset, DATASETS)
+    return _local.replica
+
+
+def stream_replica(dataset: Any, worker_id: int) -> Any:
+    """The thread's copy of an IterableDataset, the one its worker iterates
+    (a deep copy where it can be made: ``prefetch._streams.stream_copy``)."""
+    _local.replica = stream_copy(dataset, worker_id, DATASETS)
     return _local.replica
 
 

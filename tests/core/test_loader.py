@@ -415,10 +415,19 @@ def test_next_after_close_raises_closed_error():
         iter(loader)
 
 
+class _Stream:
+    """An iterable dataset: a new iterator each time."""
+
+    def __iter__(self):
+        return iter(range(4))
+
+
 # -- bad input ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(dataset=iter([1, 2])), TypeError, "dataset must have __getitem__ and __len__"),
+    (dict(dataset=42), TypeError, "dataset must have __getitem__ and __len__"),
+    (dict(dataset=iter([1, 2])), TypeError, "for an iterator or generator, prefetch.map"),
+    (dict(dataset=_Stream(), shuffle=True), ValueError, "iterable dataset gives its samples in its own order"),
     (dict(batch_size=0), ValueError, "batch_size must be an int >= 1"),
     (dict(batch_size=2.5), TypeError, "batch_size must be an int"),
     (dict(workers=0), ValueError, "workers must be an int >= 1"),

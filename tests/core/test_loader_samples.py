@@ -83,36 +83,6 @@ def _check_items(got, n):
     assert not wrong, f"{len(wrong)} of {n} items hold another item's values, e.g. {wrong[:5]}"
 
 
-def test_set_sample_index_gives_the_stream_of_another_index_for_the_rest_of_a_load():
-    """§9 sample_rng(): a loader whose items are not numbered as its streams
-    (the torch drop-in's per-worker batches) names the stream; the same seed
-    and index give the same draws as a map whose item has that position."""
-    from prefetch._core import set_sample_index
-
-    def plain(item):
-        return int(prefetch.sample_rng().integers(1 << 30))
-
-    def renumbered(item):
-        set_sample_index(10 - item)
-        return int(prefetch.sample_rng().integers(1 << 30))
-
-    draws = []
-    for fn in (plain, renumbered):
-        with prefetch.map(fn, range(11), workers=2) as results:
-            results.adopt_seed(7, 0)
-            draws.append(list(results))
-    assert draws[1] == draws[0][::-1] and len(set(draws[0])) == 11
-    with pytest.raises(RuntimeError, match="inside a loader thread"):
-        set_sample_index(1)
-
-    def negative(item):
-        set_sample_index(-1)
-
-    with prefetch.map(negative, range(1), workers=1) as results:
-        with pytest.raises(ValueError, match="non-negative index, got -1"):
-            list(results)
-
-
 def test_batch_size_none_copies_a_per_thread_buffer_before_its_thread_loads_again():
     """§9 (issue 22 defect 5): with batch_size=None a dataset refilling one buffer per
     thread still gives every sample its own values, all kept."""

@@ -326,16 +326,16 @@ class Endless(torch.utils.data.IterableDataset):
         return iter(range(10**9))
 
 
-def test_a_worker_waiting_for_room_returns_when_its_map_closes_by_itself():
+def test_a_worker_waiting_for_room_returns_when_its_loader_closes_by_itself():
     """A worker holding prefetch_factor batches not taken waits for room; when
-    the map closes without the DataLoader telling the workers (its own
+    the loader closes without the DataLoader telling the workers (its own
     finalizer), the waiting threads still end (the fixture checks none is left)."""
     loader = DataLoader(Endless(), batch_size=2, num_workers=2, prefetch_factor=1, persistent_workers=True)
     it = iter(loader)
     assert next(it).tolist() == [0, 1]
     before = set(threading.enumerate())
-    it._source.map.close()   # as the map's finalizer would, the workers not cancelled first
-    assert it._source.map.closed
+    it._source.close()   # as the loader's finalizer would, the epoch not ended first
+    assert it._source.closed
     left = [t.name for t in before if t.is_alive() and t.name.startswith("torch-DataLoader")]
     assert not left
     loader.close()

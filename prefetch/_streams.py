@@ -1,0 +1,190 @@
+"""An iterable dataset (a stream) on a Loader's threads, each thread one worker.
+
+Thread w alone holds worker w's replica of the dataset (a copy: what
+``__iter__`` or ``worker_init`` sets on it is that worker's), calls
+``iter()`` on it each epoch and reads its batches (``_Worker``). The map
+stage opens a slot per batch, in turn over the workers not ended, and the
+slot's worker fills it (_map.pxi): the order is torch's (one batch of each
+worker still running in turn), and the epoch, window, byte bound, error
+notes and counters are a map-style epoch's.
+
+Resuming: each batch carries its worker's part of the state after it (its
+dataset's and its iterator's own ``state_dict()``, where they have one); as
+the batch is delivered that becomes the worker's part (``StreamRecord``). A
+resumed worker starts its iterator from its part; where neither has a state,
+the batches it delivered before are read again and dropped.
+
+Threading contract: a ``_Worker`` is used by its thread only; ``Workers.resumed``
+is set by the consumer's thread between epochs; ``StreamRecord`` on any thread.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import itertools
+from typing import Any, Callable, Optional
+
+from prefetch._replica import replica
+from prefetch._resume import _Record
+
+
+def stateful(obj: Any) -> bool:
+    """torchdata's Stateful protocol: ``state_dict()`` and ``load_state_dict()``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def start_part(dataset: Any) -> dict[str, Any]:
+    """A worker's part of the state as its stream starts from ``dataset``
+    (its replica, or what it copies): the dataset's own state then, where it
+    has one (a stream that is its own iterator resumes there)."""
+    state = None
+    if stateful(dataset):
+        try:
+            state = copy.deepcopy(dataset.state_dict())
+        except Exception:
+            if not hasattr(dataset, "__next__"):
+                raise
+            # Its own iterator, whose state its __iter__ makes: none yet.
+    return {"batches": 0, "dataset": state, "iterator": None}
+
+
+def stream_copy(dataset: Any, worker_id: int = 0, kinds: tuple[type, ...] = ()) -> Any:
+    """Worker ``worker_id``'s copy of a stream: a deep one where it can be
+    made (a stream's objects hold its position, a library's shard iterators,
+    which each worker process has its own of), else a shallow one with each
+    instance of ``kinds`` in it copied too (prefetch/_replica.py)."""
+    try:
+        return copy.deepcopy(dataset)
+    except Exception:
+        return replica(dataset, (type(dataset), *kinds))
+
+
+class _Worker:
+    """One worker of a stream: its replica, its iterator of the epoch, and
+    the batch it read last until its rows are loaded."""
+
+    def __init__(self, worker_id: int, dataset: Any, owner: Workers) -> None:
+        self.id = worker_id
+        self.dataset = dataset
+        self.owner = owner
+        self.epoch = -1
+        self.iterator: Any = None
+        self.batches = 0           # batches read this epoch (those resumed past included)
+        self.first = 0             # the number in the epoch of the first sample of the batch read last
+        self.samples: list[Any] = []
+        self.state: Any = None     # (dataset's, iterator's) states after the batch read last
+        self.own_state = False     # the dataset has a state of its own (not its iterator's)
+
+    def read(self) -> tuple[list[int], bool]:
+        """The next batch's rows: its samples' numbers in the epoch (none once
+        the stream has ended), and whether it has ended."""
+        rows = self.owner.rows
+        samples = []
+        ended = False
+        for _ in range(rows):
+            try:
+                samples.append(next(self.iterator))
+            except StopIteration:
+                ended = True
+                break
+        if len(samples) < rows and self.owner.drop_last:
+            samples = []
+        self.first += len(self.samples)
+        self.samples = samples
+        if samples:
+            self.batches += 1
+            self.state = self._snapshot()
+        return list(range(self.first, self.first + len(samples))), ended
+
+    def sample(self, key: int) -> Any:
+        """The sample numbered ``key`` of the batch read last (the thread's load)."""
+        i = key - self.first
+        sample, self.samples[i] = self.samples[i], None   # held by its batch's row alone
+        return sample
+
+    def start(self, epoch: int) -> None:
+        """Epoch ``epoch``'s iterator, made as its first batch is read; from a
+        loaded state's part, as torchdata restores a worker: the dataset's
+        own state first, then ``iter()``, then the iterator's own state;
+        where neither has one, the batches delivered before are read again
+        and dropped."""
+        if epoch == self.epoch:
+            return
+        self.epoch, self.batches, self.first, self.samples = epoch, 0, 0, []
+        part = self.owner.part(self.id, epoch)
+        if part is not None and part["dataset"] is not None and stateful(self.dataset):
+            self.dataset.load_state_dict(copy.deepcopy(part["dataset"]))
+        self.iterator = iter(self.dataset)
+        self.own_state = self.iterator is not self.dataset and stateful(self.dataset)
+        if part is None:
+            return
+        self.batches = part["batches"]
+        self.state = (part["dataset"], part["iterator"])
+        if part["iterator"] is not None and stateful(self.iterator):
+            self.iterator.load_state_dict(copy.deepcopy(part["iterator"]))
+        elif not (self.own_state or stateful(self.iterator)):
+            collections.deque(itertools.islice(self.iterator, part["batches"] * self.owner.rows), maxlen=0)
+
+    def _snapshot(self) -> tuple[Any, Any]:
+        """The dataset's and the iterator's own states now (copies: the next
+        batch changes them), where they have ``state_dict()``; the dataset's
+        only where it is not its own iterator."""
+        it = self.iterator
+        dataset = copy.deepcopy(self.dataset.state_dict()) if self.own_state else None
+        iterator = copy.deepcopy(it.state_dict()) if stateful(it) else None
+        return dataset, iterator
+
+
+class Workers:
+    """A stream Loader's map-stage hook: ``self(worker_id)``, on each loader
+    thread as it starts, gives that thread its worker. Holds no reference to
+    the Loader, which the threads must not keep alive."""
+
+    def __init__(self, dataset: Any, count: int, rows: int, drop_last: bool,
+                 replicate: Callable[[Any, int], Any]) -> None:
+        self.dataset = dataset
+        self.count = count
+        self.rows = rows
+        self.drop_last = drop_last
+        self.replicate = replicate
+        self.made: list[Optional[_Worker]] = [None] * count
+        self.resumed: Optional[tuple[int, list[dict[str, Any]]]] = None   # (epoch, parts) of a loaded state
+
+    def __call__(self, worker_id: int) -> _Worker:
+        worker = self.made[worker_id] = _Worker(worker_id, self.replicate(self.dataset, worker_id), self)
+        return worker
+
+    def part(self, worker_id: int, epoch: int) -> Optional[dict[str, Any]]:
+        """Worker ``worker_id``'s part of the loaded state that epoch ``epoch`` continues, if any."""
+        resumed = self.resumed
+        return resumed[1][worker_id] if resumed is not None and resumed[0] == epoch else None
+
+    def starts(self) -> list[dict[str, Any]]:
+        """Each worker's part as an epoch begins (its threads not reading):
+        its replica's own state, or the dataset's it will copy."""
+        return [start_part(self.dataset if w is None else w.dataset) for w in self.made]
+
+
+class StreamRecord(_Record):
+    """What state_dict() reads of a stream's epoch: each worker's part as of
+    its last batch delivered, and the worker due next."""
+
+    __slots__ = ("parts", "turn")
+
+    def __init__(self, epoch: int, parts: list[dict[str, Any]], turn: int, ordered: bool) -> None:
+        super().__init__(epoch, None, None, ordered)
+        self.parts = parts
+        self.turn = turn
+
+    def streams(self) -> dict[str, Any]:
+        core, stage = self.core, self.stage
+        taken = 0 if core is None else core.consumed + core.failed
+        with self.lock:
+            if stage is not None:
+                for w, state in stage.streamed[self.seen:taken]:
+                    part = self.parts[w]
+                    dataset, iterator = (part["dataset"], part["iterator"]) if state is None else state
+                    self.parts[w] = {"batches": part["batches"] + 1, "dataset": dataset, "iterator": iterator}
+                    self.turn = (w + 1) % len(self.parts)
+                self.seen = max(self.seen, taken)
+            return {"next": self.turn, "workers": list(self.parts)}
