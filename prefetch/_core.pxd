@@ -385,12 +385,12 @@ cdef class _EpochBatches:
     cdef Py_ssize_t stop_k         # no batch from here on opens (an error came before it)
     cdef dict pending              # k -> _Batch, opened and not taken
     cdef object failure            # an error of the sampler or a worker_init, raised after batch stop_k - 1
-    # A stream epoch's slots open in turn over its workers not ended (torch's
+    # A stream epoch's slots open in turn over its workers not ended (a framework's
     # order): `ended` is None for a map-style epoch.
     cdef list ended                # per worker: its iterator has ended (or raised)
     cdef int turn                  # the worker whose slot opens next
     cdef Py_ssize_t cap            # ordered=False: slots not filled the workers alive may have
-                                   # (torch's prefetch_factor * num_workers, shared); 0: no cap
+                                   # (a framework's prefetch_factor * num_workers, shared); 0: no cap
 
     cdef bint may_open(self)
     cdef Py_ssize_t open_count(self)

@@ -95,7 +95,7 @@ cdef class _EpochBatches:
     cdef int next_worker(self):
         """A stream's worker whose slot opens next: in turn over those not
         ended, and with ordered=False, with fewer slots not filled than its
-        share of the cap (torch's per-worker bound then: a worker that is
+        share of the cap (a framework's per-worker bound then: a worker that is
         slow to fill them does not hold the others back); -1: none."""
         cdef int i, w, n = len(self.ended)
         cdef Py_ssize_t each = 0

@@ -1,5 +1,5 @@
-"""The one seam a framework's drop-in (an adapter folder: prefetch/torch,
-prefetch/mx) stands on: everything a drop-in may use of the core is exported
+"""The one seam a framework's drop-in (an adapter folder of
+the package) stands on: everything a drop-in may use of the core is exported
 here (``__all__``; the compiled parts a drop-in's Cython cimports, in
 ``_framework.pxd``), and a drop-in imports nothing else of the core
 (tests/core/test_framework_seam.py). What the drop-ins share is here too,
@@ -167,7 +167,7 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
 def close_when_dropped(owner: Any, close: Callable[[], None]) -> None:
     """``close()`` once ``owner`` (a framework's iterator, which has no
-    close() of its own: torch's) is collected, on a thread of its own: the
+    close() of its own) is collected, on a thread of its own: the
     line that dropped it does not wait for a thread still inside the dataset,
     and a warning about one points at the user's line that made ``owner``
     (past the framework's frames named by ``machinery``)."""

@@ -58,7 +58,7 @@ def _close_all(core: Optional[_Core], owned: tuple[Any, ...],
 def close_aside(close: Callable[[], None], at: Optional[tuple[str, int]]) -> None:
     """``close()`` on a daemon thread of its own, its warnings pointing at
     ``at`` (the user's line that made what it closes): a finalizer's close of
-    a dropped framework iterator (torch's have no close()), so the line that
+    a dropped framework iterator (which may have no close() of its own), so the line that
     dropped it never waits for a thread still inside the dataset. At
     interpreter exit, here and now."""
     def closing() -> None:

@@ -56,8 +56,8 @@ def seconds(s: float) -> str:
 # Loader gives it, and whose name it is.
 _HABITS = {
     "num_workers": ("workers", "a DataLoader's"),
-    "collate_fn": ("collate", "torch's DataLoader's"),
-    "worker_init_fn": ("worker_init", "torch's DataLoader's"),
+    "collate_fn": ("collate", "a DataLoader's"),
+    "worker_init_fn": ("worker_init", "a DataLoader's"),
     "batchify_fn": ("collate", "Gluon's DataLoader's"),
 }
 

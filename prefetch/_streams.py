@@ -4,8 +4,8 @@ Thread w alone holds worker w's replica of the dataset (a copy: what
 ``__iter__`` or ``worker_init`` sets on it is that worker's), calls
 ``iter()`` on it each epoch and reads its batches (``_Worker``). The map
 stage opens a slot per batch, in turn over the workers not ended, and the
-slot's worker fills it (_map.pxi): the order is torch's (one batch of each
-worker still running in turn), and the epoch, window, byte bound, error
+slot's worker fills it (_map.pxi): the order is a framework's worker
+processes' (one batch of each worker still running in turn), and the epoch, window, byte bound, error
 notes and counters are a map-style epoch's.
 
 Resuming: each batch carries its worker's part of the state after it (its
@@ -29,7 +29,7 @@ from prefetch._resume import _Record
 
 
 def stateful(obj: Any) -> bool:
-    """torchdata's Stateful protocol: ``state_dict()`` and ``load_state_dict()``."""
+    """The Stateful protocol: ``state_dict()`` and ``load_state_dict()``."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
@@ -104,7 +104,7 @@ class _Worker:
 
     def start(self, epoch: int) -> None:
         """Epoch ``epoch``'s iterator, made as its first batch is read; from a
-        loaded state's part, as torchdata restores a worker: the dataset's
+        loaded state's part, as a stateful framework loader restores a worker: the dataset's
         own state first, then ``iter()``, then the iterator's own state;
         where neither has one, the batches delivered before are read again
         and dropped."""

@@ -31,7 +31,7 @@ def _is_ours(frame: types.FrameType) -> bool:
 
 def machinery(path: str) -> None:
     """Frames of ``path`` (a framework's module whose code calls a drop-in's,
-    as torch's ``DataLoader.__iter__`` calls ``_get_iterator``; a folder
+    as a framework loader's ``__iter__`` calls its drop-in's ``_get_iterator``; a folder
     when it ends with a separator) are passed over as prefetch's own: a
     warning points past them."""
     global _MACHINERY_DIRS
