@@ -102,7 +102,7 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     ``framework``: the drop-in's part of the resume state; ``order``: what
     decides its order there (``order_part`` of the framework's samplers)."""
 
-    def __init__(self, dataset: Any, *, remedy: str, order: dict[str, Any],
+    def __init__(self, dataset: Any, *, remedy: str, order: Optional[dict[str, Any]] = None,
                  per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
                  on_notice: Optional[Callable[[Warning], None]] = None,
@@ -134,7 +134,7 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
         return None if self._framework is None else self._framework["name"]
 
     def _order_part(self) -> dict[str, Any]:
-        return self._order_given
+        return self._order_given if self._order_given is not None else super()._order_part()
 
     def load_checked(self, resume: _Resume, seed: int) -> None:
         """Continue where a state was taken that the drop-in's

@@ -14,6 +14,7 @@ import itertools
 import math
 import os
 import threading
+import types
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Optional, Sized, TypeVar
 
@@ -543,13 +544,13 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         else:
             epoch, parts = record.epoch, record.streams()
         return make_state(seed=self._seed, epoch=epoch, prefix=sum(p["batches"] for p in parts["workers"]),
-                          extras=[], dataset_length=None, batch_size=self.batch_size, sampler=None,
-                          streams=copy.deepcopy(parts), framework=self._framework_part())
+                          extras=[], dataset_length=None, batch_size=self.batch_size, order=self._order_part(),
+                          sampler=None, streams=copy.deepcopy(parts), framework=self._framework_part())
 
     def _check_state(self, state: Any) -> tuple[_Resume, int]:
         if self._streams is None:
             return super()._check_state(state)
-        return check_state(state, dataset_length=None, batch_size=self.batch_size,
+        return check_state(state, dataset_length=None, batch_size=self.batch_size, order=self._order_part(),
                            seed=self._seed if self._options.seed is not None else None, batches_per_epoch=-1,
                            sampler_has_state=False, framework=self._framework_name(),
                            workers=self._streams.count)
@@ -561,11 +562,16 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
 
 def _is_stream(dataset: Any) -> bool:
     """An iterable dataset: ``__iter__`` without ``__getitem__`` and
-    ``__len__``, and not an iterator (one-shot: each worker thread iterates
-    the dataset anew every epoch)."""
+    ``__len__``. Not a generator nor another iterator of Python's own (of
+    ``iter(list)``, ``map``, ``itertools``): those are one-shot, where each
+    worker thread iterates the dataset anew every epoch. A class of the
+    user's that is its own iterator is a stream whose ``__iter__`` restarts
+    it, as torch's ``IterableDataset`` convention has it."""
     cls = type(dataset)
-    return (hasattr(cls, "__iter__") and not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__"))
-            and not isinstance(dataset, collections.abc.Iterator))
+    one_shot = isinstance(dataset, collections.abc.Iterator) and (
+        isinstance(dataset, types.GeneratorType) or cls.__module__ in ("builtins", "itertools"))
+    return hasattr(cls, "__iter__") and not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__")) \
+        and not one_shot
 
 
 def _batches_per_epoch(loader: Loader[Any]) -> int:

@@ -213,8 +213,10 @@ def test_max_bytes_bounds_what_the_workers_read_ahead():
 def test_bad_arguments_for_a_stream():
     with pytest.raises(ValueError, match="iterable dataset gives its samples in its own order"):
         Loader(Sharded([4]), shuffle=True)
-    with pytest.raises(TypeError, match=r"__getitem__ and __len__ \(map-style\) or __iter__"):
+    with pytest.raises(TypeError, match=r"__getitem__ and __len__.*for an iterable dataset, __iter__"):
         Loader(object())
+    with pytest.raises(TypeError, match=r"\(generator\); .*for an iterator or generator, prefetch.map"):
+        Loader(x for x in range(4))   # one-shot: every worker thread iterates the dataset every epoch
     with Loader(Sharded([4]), workers=1) as loader, pytest.raises(TypeError, match="not counted ahead"):
         len(loader)
 
