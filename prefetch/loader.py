@@ -566,7 +566,7 @@ def _is_stream(dataset: Any) -> bool:
     ``iter(list)``, ``map``, ``itertools``): those are one-shot, where each
     worker thread iterates the dataset anew every epoch. A class of the
     user's that is its own iterator is a stream whose ``__iter__`` restarts
-    it, as torch's ``IterableDataset`` convention has it."""
+    it, as frameworks' iterable datasets may be."""
     cls = type(dataset)
     one_shot = isinstance(dataset, collections.abc.Iterator) and (
         isinstance(dataset, types.GeneratorType) or cls.__module__ in ("builtins", "itertools"))
