@@ -15,8 +15,9 @@ with its 95 % interval; rows are interleaved within each repetition, so machine
 noise hits all rows alike. A target is "met" only when its whole interval
 clears it, "missed" when the whole interval is on the wrong side; while an
 interval straddles its target the section adds repetitions (up to --max-reps),
-and what is still open then is "inconclusive" ("not resolved in quick mode"
-with --quick). How busy the machine was is the CPU time of other processes
+and what is still open then is "inconclusive". --quick calls a target from its
+median alone, where the median clears it by 10 %; closer, the target is
+"provisional" (bench/_stats.py says why). How busy the machine was is the CPU time of other processes
 (the benchmark's own threads excluded). Exit status 0 when every section ran,
 whatever the verdicts; 1 when a section crashed or the results could not be
 written; 130 on Ctrl-C (nothing written).
@@ -125,15 +126,17 @@ def _machine(env):
 
 
 def _headline(results, wanted, env, quick):
-    """The first line: the first section (in run order) that declared a headline and ran, then
-    what every section claims beside it (its other comparisons with a loader a user would use
-    instead: plain loop, torch's and Gluon's DataLoaders, mx.io.PrefetchingIter)."""
+    """The first line (at most 160 characters: who won, by how much, against what, whether it
+    holds) from the first section (in run order) that declared a headline and ran, and the
+    detail after it: that comparison in full, then what every section claims beside it (its
+    other comparisons with a loader a user would use instead: plain loop, torch's and Gluon's
+    DataLoaders, mx.io.PrefetchingIter). None when no section declared one."""
     heads = [results[s]["headline"] for s in wanted if results.get(s, {}).get("headline") is not None]
     if not heads:
         return None
     claims = [c for s in wanted for c in results.get(s, {}).get("claims", [])]
     also = f" Also, median [95% interval]: {'; '.join(claims)}." if claims else ""
-    return heads[0].sentence(_machine(env), quick) + also
+    return heads[0].first_line(env["cores"]), heads[0].sentence(_machine(env), quick) + also
 
 
 def _counts(verdicts):
@@ -161,7 +164,7 @@ def _busy_line(others, env, results, mods):
         return line + " (quiet)."
     if busy:
         line += (" Busy during: " + "; ".join(busy) + " cores: their verdicts say \"(busy machine)\", and in quick "
-                 "mode a target missed there is not resolved (provisional), never \"missed\".")
+                 "mode a target missed there is provisional, never \"missed\".")
     return line
 
 
@@ -180,7 +183,7 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
     ran = _ran(results)
     first = _headline(results, wanted, env, a.quick)
     ran_what = f"{'Quick' if a.quick else 'Full'} run of: " + "; ".join(mods[s].TITLE for s in ran) + "."
-    lines = ([first, f"{_counts(verdicts)} {ran_what}"] if first else   # no headline: the counts lead
+    lines = ([*first, f"{_counts(verdicts)} {ran_what}"] if first else   # no headline: the counts lead
              [f"On this machine ({_machine(env)}): {_counts(verdicts)[0].lower()}{_counts(verdicts)[1:]}",
               ran_what])
     not_run = [f"{mods[s].TITLE} ({results[s]['skipped']})" for s in results if s not in ran]
@@ -195,9 +198,10 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
                            [[v.target, v.measured, v.shown()] for v in verdicts], indent="")
     lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note]
     lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
-              "inconclusive: the interval still straddles the target after the extra repetitions; not resolved in",
-              "quick mode: a quick run calls a target only when its interval clears it by 5 %; this one was closer,",
-              "or missed it while other processes were busy (provisional: run without --quick). (busy machine): other processes used the CPUs while it was measured: re-run on",
+              "inconclusive: the interval still straddles the target after the extra repetitions; provisional: a",
+              "quick run calls a target from its median alone (its few repetitions make too wide an interval), and",
+              "only where the median clears the target by 10 %; this one was closer, or missed it while other",
+              "processes were busy: run without --quick. (busy machine): other processes used the CPUs while it was measured: re-run on",
               "a quiet machine before relying on it. Every ratio is a speed ratio (ours / other, higher is better) unless",
               "its target says cost or time.",
               f"Run: {env['time_utc']}, {wall:.0f} s, {_machine(env)}, numpy {env['numpy']}"
@@ -345,7 +349,7 @@ def main(argv=None):
     mods = _sections()
     a = _parser(mods).parse_args(argv)
     import _stats as S  # needs numpy
-    S.quick_margin = 0.05 if a.quick else 0.0
+    S.quick_margin = 0.10 if a.quick else 0.0
     a.argv = sys.argv[1:] if argv is None else list(argv)
     if a.child_section:
         return _child(a, mods)

@@ -7,6 +7,8 @@ import pathlib
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 _env = dict(os.environ)
 import _stats as S  # noqa: E402
@@ -45,3 +47,39 @@ def test_no_warning_meets_the_target_and_a_skipped_section_is_not_counted():
     [v] = run._gil_verdict(results, MODS)
     assert (v.status, v.measured) == (S.MET, "0 warning(s)")
     assert run._gil_verdict({"gil": results["gil"]}, MODS) == []
+
+
+def _head(status, median=1.35, lo=1.33, hi=1.37, other="Grain to_iter_dataset(num_threads=2)", busy=False):
+    return S.Headline(L.LOADER2, f"{other}, the fastest other loader here", "on an image pipeline (JPEG decode, "
+                      "crop, normalise; batches of 32; a GIL-free training step of half the load time)",
+                      S.Interval(median, lo, hi, 9), verdict=S.Verdict("t", "m", status, busy=busy), name=other,
+                      role="the fastest other loader", where="image pipeline", goal=L.GOAL)
+
+
+@pytest.mark.parametrize("status", [S.MET, S.MISSED, S.INCONCLUSIVE, S.NOT_RESOLVED])
+@pytest.mark.parametrize("other", ["Grain to_iter_dataset(num_threads=2)", "SPDL DataLoader(num_threads=2)",
+                                   "torch DataLoader(num_workers=2, persistent_workers=True, pin_memory=False)"])
+def test_the_first_line_says_who_won_by_how_much_against_what_and_whether_it_holds(status, other):
+    line = _head(status, other=other, busy=status == S.MET).first_line(2)
+    assert len(line) <= 160, line
+    assert line.startswith(f"{L.LOADER2} beat ") and " by 1.35x" in line, line
+    words = {S.MET: "holds (target >= 1.10x: met) (busy machine)", S.MISSED: "does not hold (target >= 1.10x: missed)",
+             S.INCONCLUSIVE: "too close to call (target >= 1.10x)",
+             S.NOT_RESOLVED: "provisional (quick run; target >= 1.10x)"}[status]
+    assert line.endswith(f": {words}."), line
+    assert other.split("(")[0] in line, line
+
+
+def test_the_first_line_names_the_other_as_the_winner_when_ours_is_slower():
+    line = _head(S.MISSED, median=0.80, lo=0.70, hi=0.90).first_line(2)
+    assert line.startswith("Grain to_iter_dataset(num_threads=2) beat prefetch.Loader(workers=2)"), line
+    assert " by 1.25x" in line and line.endswith("does not hold (target >= 1.10x: missed).") and len(line) <= 160, line
+
+
+def test_the_report_leads_with_the_first_line_then_its_detail():
+    results = {"loader": {"headline": _head(S.NOT_RESOLVED), "claims": ["2.45 [2.37, 2.56] x a plain loop"],
+                          "verdicts": [], "tables": [], "others_cores": 0.0, "wall_s": 1.0, "gil_warnings": []}}
+    env = {"cores": 2, "cpu": "cpu", "python": "3.11.7", "numpy": "2", "mxnet": None, "time_utc": "now"}
+    first, detail = run._headline(results, ["loader"], env, quick=True)
+    assert first == _head(S.NOT_RESOLVED).first_line(2) and len(first) <= 160
+    assert detail.startswith(f"{L.LOADER2} loads 1.35 [1.33, 1.37] x the batches/s of Grain") and "a plain loop" in detail
