@@ -105,3 +105,17 @@ def run(cfg, say):
     lines += [""] + L.U.table_lines(["speed ratios per repetition (batches/s)", "median [95% interval]"], ratio_rows)
     return {"tables": lines, "verdicts": verdicts, "claims": claims,
             "data": {"batches_per_s": bps, "steps_s": steps, "load_s": load_s}}
+
+
+def plot(ax, data):
+    """Batches/s at step = load/2 per row (median, bar: 95% interval) and the target line:
+    GOAL x the faster Gluon DataLoader, as the table judges it."""
+    s = "step = load/2"
+    rows = data["batches_per_s"][s]
+    S.row_bars(ax, rows)
+    best = _best_gluon(rows)
+    ax.axvline(GOAL * S.interval(rows[best]).median, linestyle=":", color="k", linewidth=1.2,
+               label=f"target: {GOAL:.2f} x {best}")
+    ax.set_xlabel(f"batches/s at step = load/2 ({data['steps_s'][s] * 1e3:.0f} ms), higher is better")
+    ax.set_title("Image pipeline on MXNet: batches per second, higher is better (median; bars: 95% interval)",
+                 fontsize=10)
