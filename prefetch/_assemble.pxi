@@ -218,7 +218,7 @@ cdef class _CustomAssembly(_OwningAssembly):
 cdef object _stop_as_error(object exc, str doing):
     """``exc``, or for a StopIteration a RuntimeError caused by it: escaping
     dataset[i], fn or collate, it would reach the consumer through next() and
-    end its loop silently (issue 22 defect 10), so it is an error, as PEP 479
+    end its loop silently, so it is an error, as PEP 479
     makes it inside a generator."""
     if not isinstance(exc, StopIteration):
         return exc

@@ -6,13 +6,13 @@
 # threads. Leaf adapters (prefetch.adapters.register_leaf) receive the
 # CopyPlan and call plan.array(a) for the memory they need copied.
 #
-# Hand-over (SPEC §3 rule 1, issue 13): before the walk, the plan's _SoleProof
+# Hand-over (SPEC §3 rule 1): before the walk, the plan's _SoleProof
 # (_sole.pxi) marks the leaves that nothing but the copying thread can reach;
 # those are handed out as they are, every other array leaf is copied. When in
 # doubt, copy.
 #
 # A leaf's own state (an ndarray subclass's attributes, a tensor subclass's
-# __dict__) is walked like a batch by copy_state (SPEC §3 rule 1, issue 18):
+# __dict__) is walked like a batch by copy_state (SPEC §3 rule 1):
 # the arrays in it are copied too, not carried over from the source.
 
 from cpython.object cimport PyObject, PyTypeObject

@@ -1,5 +1,5 @@
 # cython: language_level=3
-# _engine.pyx: NDArray copies issued to MXNet's engine from C (issue 9).
+# _engine.pyx: NDArray copies issued to MXNet's engine from C.
 #
 # Why: the Python path cost ~12 us of ctypes calls per leaf and blocked the
 # copying thread on the engine (wait_to_read) for every leaf. Here a leaf costs a
