@@ -19,6 +19,9 @@ os.environ.clear()
 os.environ.update(_env)   # run.py sets OMP_NUM_THREADS for the benchmark's process, not the tests'
 
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
+
 def test_the_fastest_other_loader_is_never_prefetch_around_a_thread_pool():
     rows = {L.THREAD_MAP: [9.0] * 6, L.PLAIN: [3.0] * 6, "SPDL DataLoader(num_threads=2)": [5.0] * 6,
             L.LOADER2: [10.0] * 6, L.TORCH_OURS: [11.0] * 6}

@@ -11,6 +11,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import _stats as S  # noqa: E402
 
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
+
 @pytest.mark.parametrize(("n", "bounds"), [
     # 1-based ranks of the 95 % distribution-free interval of the median (sign test), as tabled
     # in Conover, Practical Nonparametric Statistics, and given by scipy's quantile_test

@@ -36,6 +36,7 @@ def main() -> None:
 '''
 
 
+@pytest.mark.full
 def test_prefetcher_is_generic_for_a_user(tmp_path):
     """Iterating a Prefetcher over an iterable of T yields T to a type checker:
     mypy --strict accepts the int and rejects the str assigned to an int."""

@@ -14,6 +14,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import _peers as P  # noqa: E402
 
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
+
 class Squares:
     def __len__(self):
         return 20

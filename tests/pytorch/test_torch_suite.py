@@ -21,6 +21,9 @@ from prefetch.torch import DataLoader, get_worker_info  # noqa: E402
 from support import assert_same  # noqa: E402
 
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
+
 @pytest.fixture
 def many_cpus(monkeypatch):
     """Workers past this machine's CPUs without the (correct) excessive-workers warning."""
