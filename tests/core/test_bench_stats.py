@@ -10,7 +10,6 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import _stats as S  # noqa: E402
 
-
 pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
 
 

@@ -4,6 +4,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import prefetch._core as core
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

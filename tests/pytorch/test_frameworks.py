@@ -23,7 +23,6 @@ import prefetch.torch  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
 from support import run_script  # noqa: E402
 
-
 pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
 
 

@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 from prefetch.torch import DataLoader, get_worker_info  # noqa: E402
 from support import assert_same  # noqa: E402
 
-
 pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
 
 
