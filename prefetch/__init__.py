@@ -13,7 +13,7 @@ import importlib.machinery as _machinery
 import os as _os
 
 
-def _check_core_is_built():
+def _check_core_is_built() -> None:
     """The compiled core sits beside this file in an installed package and after an in-place
     build. Without it, ``import prefetch`` run inside a checkout has found the source folder
     (the current folder comes first on sys.path) instead of the installed package, and the
