@@ -106,6 +106,7 @@ mx_venv="$PF_VENV"
 if [[ $matrix == 1 ]]; then core_mx=(tests/core); fi
 pf_env torch "$py311" test,torch
 torch_venv="$PF_VENV"
+if [[ -z "$tier" ]]; then pf_extra "$torch_venv" test-frameworks; fi
 
 suite_core() {
     pytest_in "$core_venv" tests/core tests/csrc tests/mx/test_mx_optional.py -m "$(marks "not stress")" -rs "$@"

@@ -19,9 +19,11 @@
 #                       so a run interrupted while making it leaves a venv the next run remakes,
 #                       never one it reuses half-built. .sources (the package's hash) likewise.
 #                       One torch: any EXTRAS naming torch (the tests' "test,torch", the benchmark's
-#                       "bench,torch,bench-peers") get the one venv NAME=torch with all five (with
-#                       "test-frameworks": Lightning and Accelerate, for the torch tests), so torch
+#                       "bench,torch,bench-peers") get the one venv NAME=torch with all four, so torch
 #                       (about 1.1 GB) is installed once in build/ and not once per command.
+#   pf_extra VENV EXTRA adds the package's EXTRA to a venv pf_env made (tests/run.sh --full: the torch
+#                       venv's "test-frameworks", Lightning, Accelerate, Hugging Face datasets and
+#                       webdataset, which only the long tier's tests use); once per venv.
 #   pf_find_python 3.X  prints an interpreter of that version, or nothing.
 # Under CI (CI set and not "false"/"0") every venv and the sdist are made anew once per CI run
 # (PREFETCH_RUN names the run; .ci/run sets it, so the steps of one run share what they built).
@@ -154,7 +156,7 @@ pf_wheel() {  # $1 = venv: prints the wheel for its interpreter, built from $PF_
 
 pf_env() {  # $1 = name, $2 = python, $3 = extras; needs pf_sdist first; sets PF_VENV
     local name="$1" py="$2" extras="$3" key whl
-    if [[ ",$extras," == *,torch,* ]]; then name=torch; extras="test,test-frameworks,bench,torch,bench-peers"; fi
+    if [[ ",$extras," == *,torch,* ]]; then name=torch; extras="test,bench,torch,bench-peers"; fi
     PF_VENV="$pf_envs/$name"
     key="$(pf_hash file:"$root/pyproject.toml" file:"$root/setup.py" file:"$root/tests/pins.txt" \
         "$("$py" -c 'import sys; print(sys.version, sys.executable)')" "$name" "$extras")"
@@ -179,4 +181,15 @@ pf_env() {  # $1 = name, $2 = python, $3 = extras; needs pf_sdist first; sets PF
         echo "=== [$name] reusing $PF_VENV (nothing changed)" >&2
     fi
     echo "$PF_HASH" >"$PF_VENV/.sources"
+}
+
+pf_extra() {  # $1 = a venv made by pf_env, $2 = an extra of the package
+    local venv="$1" extra="$2" stamp="$1/.extra-$2" whl
+    if [[ "$(cat "$stamp" 2>/dev/null)" != "$(cat "$venv/.key")" ]]; then
+        echo "=== [$(basename "$venv")] adding the [$extra] extra" >&2
+        rm -f "$stamp"
+        whl="$(pf_wheel "$venv")"
+        "$venv/bin/python" -m pip install -q -c "$root/tests/pins.txt" "$whl[$extra]"
+        cp "$venv/.key" "$stamp"
+    fi
 }
