@@ -3,7 +3,7 @@
     python bench/run.py [--quick] [--out DIR] [--sections a,b] [--reps N] [--max-reps N] [section options]
 
 --quick runs the headline's section and the cheaper ones (QUICK_SECTIONS) with
-fewer sizes and repetitions (meant to stay under 2 minutes on a quiet 2-core
+fewer sizes and repetitions (meant to stay under 90 s on a quiet 2-core
 machine); --sections all runs every section in quick mode (CI's smoke test).
 
 Prints one sentence first (what is faster than what, by how much, on this
@@ -89,13 +89,13 @@ def _parser(mods):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the headline and the cheaper sections, fewer sizes and "
-                    "repetitions (meant to stay under 2 minutes on a quiet 2-core machine)")
+                    "repetitions (meant to stay under 90 s on a quiet 2-core machine)")
     ap.add_argument("--out", default=os.path.join(HERE, "out"), help="folder for bench.txt, bench.json, bench.png")
     ap.add_argument("--sections", help="comma list of: " + ", ".join(SECTIONS) + ", or 'all' (default: all; "
                     "with --quick: " + ", ".join(QUICK_SECTIONS) + ")")
     ap.add_argument("--reps", type=int, help="repetitions of every timed row (>= 6 for a 95%% interval)")
     ap.add_argument("--max-reps", type=int, help="cap on the repetitions a section adds while an interval "
-                    "straddles its target (default: 1.5 x --reps in --quick, 3 x in a full run; none with --reps)")
+                    "straddles its target (default: 3 x --reps in a full run; none with --reps or --quick)")
     ap.add_argument("--no-mx", action="store_true", help="leave the MXNet rows out even when it imports")
     ap.add_argument("--mx-python", help="an interpreter with mxnet and this package: the sections with MXNet rows "
                     "run there when mxnet does not import here (bench/main.sh passes its MXNet environment's)")
@@ -450,12 +450,13 @@ def _gil_verdict(results, mods):
 
 def _max_reps(a, cfg):
     """The cap on repetitions when an interval straddles its target: --max-reps, else none
-    beyond an explicit --reps, else 1.5 x the planned ones in --quick and 3 x in a full run."""
+    beyond an explicit --reps or in --quick (it calls a target from its median, which more
+    repetitions barely move), else 3 x the planned ones."""
     if a.max_reps is not None:
         return max(a.max_reps, cfg.get("reps", 1))
-    if a.reps is not None or "reps" not in cfg:
+    if a.reps is not None or a.quick or "reps" not in cfg:
         return cfg.get("reps", 1)
-    return cfg["reps"] * 3 // 2 if a.quick else cfg["reps"] * 3
+    return cfg["reps"] * 3
 
 
 if __name__ == "__main__":
