@@ -111,30 +111,36 @@ def row_bars(ax, samples, labels=None, fontsize=8):
 # A quick run's interval rests on a few repetitions (with 6, it is their minimum and maximum):
 # one disturbed repetition moves a bound, and two back-to-back quick runs at the same median
 # (1.27 x, goal 1.10) called the same target "met" and "not resolved" in turn. Its median moves
-# far less. So a quick run (run.py sets quick_margin) calls a target from the median alone, and
-# only where the median clears the goal by this share of it; closer, the target is left open
-# ("provisional": a full run decides it on its whole interval).
+# far less. So a quick run (run.py sets quick_margin) calls a target from the median, where the
+# median clears the goal by this share of it, unless the interval is too wide to trust it: it
+# reaches past the goal by that share on the wrong side too (a busy machine's, e.g. a median of
+# 1.26 in [0.48, 1.54]). Otherwise the target is left open ("provisional": a full run decides
+# it on its whole interval).
 quick_margin = 0.0
 
 
 def judge(iv: Interval, goal: float, higher_is_better: bool) -> str:
     """MET / MISSED / INCONCLUSIVE (NOT_RUN without values). A full run: MET when the whole
     interval clears the goal, MISSED when it is all on the wrong side. A quick run
-    (quick_margin > 0): MET or MISSED when the median clears the goal by quick_margin of it,
-    either way; INCONCLUSIVE when closer, or with too few repetitions for an interval."""
+    (quick_margin > 0): MET or MISSED when the median clears the goal by quick_margin of it
+    and the interval stays within quick_margin of the goal on the other side; INCONCLUSIVE
+    otherwise, and with too few repetitions for an interval."""
     if iv.n == 0:
         return NOT_RUN
     if math.isnan(iv.lo):
         return INCONCLUSIVE
     sign = 1 if higher_is_better else -1
+    lo, hi = sorted((sign * iv.lo, sign * iv.hi))
+    g, m, med = sign * goal, quick_margin * abs(goal), sign * iv.median
     if quick_margin > 0:
-        lo = hi = sign * iv.median
-    else:
-        lo, hi = sorted((sign * iv.lo, sign * iv.hi))
-    g, m = sign * goal, quick_margin * abs(goal)
-    if lo >= g + m:
+        if med >= g + m and lo >= g - m:
+            return MET
+        if med < g - m and hi < g + m:
+            return MISSED
+        return INCONCLUSIVE
+    if lo >= g:
         return MET
-    if hi < g - m:
+    if hi < g:
         return MISSED
     return INCONCLUSIVE
 

@@ -16,8 +16,9 @@ noise hits all rows alike. A target is "met" only when its whole interval
 clears it, "missed" when the whole interval is on the wrong side; while an
 interval straddles its target the section adds repetitions (up to --max-reps),
 and what is still open then is "inconclusive". --quick calls a target from its
-median alone, where the median clears it by 10 %; closer, the target is
-"provisional" (bench/_stats.py says why). How busy the machine was is the CPU time of other processes
+median, where the median clears it by 10 % and the interval does not reach 10 %
+past it on the other side; otherwise the target is "provisional"
+(bench/_stats.py says why). How busy the machine was is the CPU time of other processes
 (the benchmark's own threads excluded). Exit status 0 when every section ran,
 whatever the verdicts; 1 when a section crashed or the results could not be
 written; 130 on Ctrl-C (nothing written).
@@ -199,9 +200,10 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
     lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note]
     lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
               "inconclusive: the interval still straddles the target after the extra repetitions; provisional: a",
-              "quick run calls a target from its median alone (its few repetitions make too wide an interval), and",
-              "only where the median clears the target by 10 %; this one was closer, or missed it while other",
-              "processes were busy: run without --quick. (busy machine): other processes used the CPUs while it was measured: re-run on",
+              "quick run calls a target from its median (its few repetitions make a loose interval), where the",
+              "median clears the target by 10 % and the interval reaches no more than 10 % past it on the other",
+              "side; this one was closer, its interval too wide, or it missed while other processes were busy: run",
+              "without --quick. (busy machine): other processes used the CPUs while it was measured: re-run on",
               "a quiet machine before relying on it. Every ratio is a speed ratio (ours / other, higher is better) unless",
               "its target says cost or time.",
               f"Run: {env['time_utc']}, {wall:.0f} s, {_machine(env)}, numpy {env['numpy']}"

@@ -39,6 +39,8 @@ def test_interval_sorts_and_ignores_non_finite_values():
     (1.10, 1.27, 1.13, 1.35, True, S.MET, S.MET),                # 15 % above the goal
     (1.10, 1.27, 1.20, 1.33, True, S.MET, S.MET),                # the same median, a narrower interval
     (1.10, 1.27, 1.05, 1.40, True, S.INCONCLUSIVE, S.MET),       # one slow repetition: the quick call stands
+    (1.10, 1.26, 0.48, 1.54, True, S.INCONCLUSIVE, S.INCONCLUSIVE),  # a busy machine's: too wide to call
+    (1.10, 0.90, 0.60, 1.30, True, S.INCONCLUSIVE, S.INCONCLUSIVE),
     (1.10, 1.17, 1.12, 1.22, True, S.MET, S.INCONCLUSIVE),       # 6 % above: a full run's call only
     (1.10, 1.12, 1.05, 1.16, True, S.INCONCLUSIVE, S.INCONCLUSIVE),
     (1.10, 0.95, 0.90, 1.00, True, S.MISSED, S.MISSED),
@@ -50,8 +52,9 @@ def test_quick_mode_calls_a_target_from_its_median_with_a_margin(monkeypatch, go
                                                                   quick):
     """Two back-to-back quick runs must give the same verdicts: their few repetitions make
     intervals whose bounds one slow repetition moves (1.27 x Grain was "met", then "not
-    resolved"), so a quick run calls a target from the median, and only where it clears the
-    target by 10 %; a full run calls the whole interval against the target itself."""
+    resolved"), so a quick run calls a target from the median, where it clears the target by
+    10 % and the interval does not reach 10 % past it on the other side (then it is too wide to
+    call); a full run calls the whole interval against the target itself."""
     iv = S.Interval(median=median, lo=lo, hi=hi, n=10)
     assert S.judge(iv, goal, higher) == full
     monkeypatch.setattr(S, "quick_margin", 0.10)
