@@ -72,7 +72,7 @@ SECTIONS = ["loader", "loader_val", "loader_mx", "gil", "gil_load", "loader_scal
 # --quick runs these (what the first line states: prefetch against the loaders a user would
 # use instead) unless --sections says otherwise; the others are named in the report as left
 # to a full run.
-QUICK_SECTIONS = ["loader", "loader_val", "loader_mx", "mx_engine"]
+QUICK_SECTIONS = ["loader", "loader_mx", "mx_engine"]
 
 try:
     import _baselines as B
