@@ -10,8 +10,8 @@ cannot drag it, and with fewer than 6 repetitions it is honestly unbounded. A ve
 interval clears the target, "missed" when the whole interval is on the wrong
 side, else "inconclusive". When an interval straddles its target after the
 planned repetitions, the section runs more (``repetitions``), up to a cap; what
-is still open then is "inconclusive", or in --quick "not resolved in quick
-mode" (a quick run is too short to call it, which is not a verdict).
+is still open then is "inconclusive". A quick run (--quick) judges differently,
+see ``judge``: what it cannot call is "provisional", which is not a verdict.
 
 A section may declare the comparison its results lead with (``Headline``): the
 harness turns it into the first line of the report.
@@ -19,13 +19,14 @@ harness turns it into the first line of the report.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 LEVEL = 0.95
 MET, MISSED, INCONCLUSIVE, NOT_RUN = "met", "missed", "inconclusive", "not measured"
-NOT_RESOLVED = "not resolved in quick mode"
+NOT_RESOLVED = "provisional"   # a quick run's: too close to its target to call
 
 
 @dataclass
@@ -107,25 +108,39 @@ def row_bars(ax, samples, labels=None, fontsize=8):
     ax.invert_yaxis()
 
 
-# A quick run's interval rests on a few repetitions, and on a shared machine it
-# covers the median less often than its nominal 95 %: two back-to-back quick runs
-# called a target 7 % above its goal "met" and "not resolved" in turn. In quick
-# mode (run.py sets it) an interval must clear its target by this share of the
-# goal to count either way; what is closer stays open for a full run.
+# A quick run's interval rests on a few repetitions (with 6, it is their minimum and maximum):
+# one disturbed repetition moves a bound, and two back-to-back quick runs at the same median
+# (1.27 x, goal 1.10) called the same target "met" and "not resolved" in turn. Its median moves
+# far less. So a quick run (run.py sets quick_margin) calls a target from the median, where the
+# median clears the goal by this share of it, unless the interval is too wide to trust it: it
+# reaches past the goal by that share on the wrong side too (a busy machine's, e.g. a median of
+# 1.26 in [0.48, 1.54]). Otherwise the target is left open ("provisional": a full run decides
+# it on its whole interval).
 quick_margin = 0.0
 
 
 def judge(iv: Interval, goal: float, higher_is_better: bool) -> str:
+    """MET / MISSED / INCONCLUSIVE (NOT_RUN without values). A full run: MET when the whole
+    interval clears the goal, MISSED when it is all on the wrong side. A quick run
+    (quick_margin > 0): MET or MISSED when the median clears the goal by quick_margin of it
+    and the interval stays within quick_margin of the goal on the other side; INCONCLUSIVE
+    otherwise, and with too few repetitions for an interval."""
     if iv.n == 0:
         return NOT_RUN
     if math.isnan(iv.lo):
         return INCONCLUSIVE
-    lo, hi = (iv.lo, iv.hi) if higher_is_better else (-iv.hi, -iv.lo)
-    g = goal if higher_is_better else -goal
-    m = quick_margin * abs(goal)
-    if lo >= g + m:
+    sign = 1 if higher_is_better else -1
+    lo, hi = sorted((sign * iv.lo, sign * iv.hi))
+    g, m, med = sign * goal, quick_margin * abs(goal), sign * iv.median
+    if quick_margin > 0:
+        if med >= g + m and lo >= g - m:
+            return MET
+        if med < g - m and hi < g + m:
+            return MISSED
+        return INCONCLUSIVE
+    if lo >= g:
         return MET
-    if hi < g - m:
+    if hi < g:
         return MISSED
     return INCONCLUSIVE
 
@@ -179,9 +194,52 @@ class Headline:
     better: str = "faster"
     worse: str = "slower"
     verdict: Verdict | None = None   # the target judged on this same interval (the speed-ratio form)
+    name: str = ""     # the other, short, for the first line (default: other)
+    role: str = ""     # what the other is, e.g. "the fastest other loader"
+    where: str = ""    # where it was measured, short, for the first line (default: what)
+    goal: float | None = None   # the verdict's target ratio (the speed-ratio form)
 
     def as_dict(self):
         return asdict(self)
+
+    def first_line(self, cores: int) -> str:
+        """The report's first line, at most FIRST_LINE_MAX characters: who won, by how much,
+        against what, where, and whether it holds (the verdict, or in a quick run
+        "provisional"); the figures and words are the table's. Parts are left out, least
+        needed first, until it fits."""
+        iv, other, where = self.ratio, self.name or self.other, self.where or self.what
+        if iv.n == 0:
+            return _fit([f"{self.ours} against {other}: not measured", f" ({where})", "."], optional=(1,))
+        speed = self.verdict is not None   # ours / other, higher is better; else a time ratio
+        k, lo, hi = (iv.median, iv.lo, iv.hi) if speed else (1 / iv.median, 1 / iv.hi, 1 / iv.lo)
+        wins = k >= 1
+        winner, loser = (self.ours, other) if wins else (other, self.ours)
+        if not wins:
+            k, lo, hi = 1 / k, 1 / hi, 1 / lo
+        unit = "in batches/s" if speed else self.better.join(("(", ")"))
+        bounds = "" if math.isnan(lo) else f" [95%: {lo:.2f}-{hi:.2f}]"
+        shorter = (winner, _short(loser)) if len(loser) >= len(winner) else (_short(winner), loser)
+        for names in ((winner, loser), shorter, (_short(winner), _short(loser))):
+            role = f" ({self.role})" if self.role else ""   # said of the other, wherever it stands
+            line = _fit([names[0], role if not wins else "", f" beat {names[1]}", role if wins else "",
+                         f" by {k:.2f}x", bounds, f" {unit}", f", {where}, {cores} cores", f": {self._holds(iv)}."],
+                        optional=(7, 1, 3, 5, 6))
+            if len(line) <= FIRST_LINE_MAX:
+                return line
+        return line[:FIRST_LINE_MAX - 1] + "…"
+
+    def _holds(self, iv: Interval) -> str:
+        """Whether the lead holds, in the verdict's words."""
+        busy = " (busy machine)" if self.verdict is not None and self.verdict.busy else ""
+        if self.verdict is not None:
+            target = f"target >= {self.goal:.2f}x" if self.goal is not None else "its target"
+            return {MET: f"holds ({target}: met)", MISSED: f"does not hold ({target}: missed)",
+                    INCONCLUSIVE: f"too close to call ({target})",
+                    NOT_RESOLVED: f"provisional (quick run; {target})"}.get(
+                        self.verdict.status, f"{target}: {self.verdict.status}") + busy
+        if math.isnan(iv.lo) or iv.lo <= 1 <= iv.hi:
+            return "within noise, too close to call"
+        return "holds (its 95% interval excludes 1)"
 
     def sentence(self, machine: str, quick: bool) -> str:
         iv = self.ratio
@@ -191,12 +249,12 @@ class Headline:
         if self.verdict is not None:
             v = self.verdict
             st = {MET: "met", MISSED: "missed", INCONCLUSIVE: "too close to call",
-                  NOT_RESOLVED: "not resolved in quick mode (provisional; run without --quick)"}.get(v.status, v.status)
+                  NOT_RESOLVED: "provisional (a quick run; run without --quick to decide)"}.get(v.status, v.status)
             busy = " Other processes were busy meanwhile: re-run on a quiet machine before quoting it." if v.busy else ""
             return (f"{self.ours} loads {iv.text(2)} x the batches/s of {self.other} {self.what} {where}, "
                     f"median [95% interval]; {v.target}: {st}.{busy}")
         if math.isnan(iv.lo) or iv.lo <= 1 <= iv.hi:
-            tail = (" not resolved in quick mode (run without --quick for more repetitions)." if quick
+            tail = (" provisional (a quick run; run without --quick for more repetitions)." if quick
                     else " too close to call.")
             return (f"{self.ours} and {self.other} are within noise of each other {self.what} {where}: "
                     f"time ratio {iv.text(2)},{tail}")
@@ -206,3 +264,20 @@ class Headline:
             k, lo, hi, word = iv.median, iv.lo, iv.hi, self.worse
         return (f"{self.ours} is {k:.2f}x {word} than {self.other} {self.what} {where} "
                 f"(95% interval {lo:.2f}-{hi:.2f}x).")
+
+
+FIRST_LINE_MAX = 160
+
+
+def _fit(parts, optional=()):
+    """The parts joined, leaving out the optional ones (by index, last first) while the line is
+    longer than FIRST_LINE_MAX."""
+    parts, drop = list(parts), list(optional)
+    while len("".join(parts)) > FIRST_LINE_MAX and drop:
+        parts[drop.pop()] = ""
+    return "".join(parts)
+
+
+def _short(name: str) -> str:
+    """A row's name without its arguments: "torch DataLoader(num_workers=2, ...)" -> "torch DataLoader(…)"."""
+    return re.sub(r"\(.*\)", "(…)", name)

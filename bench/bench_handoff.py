@@ -156,7 +156,7 @@ def run(cfg, say):
     head = ratio[(OURS, QUEUE_COPY)][TARGET_DEPTH]
     headline = S.Headline(OURS, "a queue.Queue thread + np.copy",
                           f"per tiny batch handed over (extra cost over a plain loop, depth {TARGET_DEPTH})",
-                          head, better="cheaper", worse="dearer")
+                          head, better="cheaper", worse="dearer", where=f"per tiny batch, depth {TARGET_DEPTH}")
 
     hdr = ["row, extra µs per batch over its plain loop"] + [f"depth {d}" for d in depths]
     tab = []

@@ -84,6 +84,15 @@ def run(cfg, say):
     return {"tables": lines, "verdicts": verdicts, "data": {"fraction_of_1_over_step": frac, "step_s": step}}
 
 
+def plot(ax, data):
+    """Training epochs' batches/s x step after an epoch and after a validation pass (median,
+    bar: 95% interval), and the target line GOAL x 1/step."""
+    S.row_bars(ax, data["fraction_of_1_over_step"])
+    ax.axvline(GOAL, linestyle=":", color="k", linewidth=1.2, label=f"target: {GOAL:.2f} x 1/step")
+    ax.set_xlabel(f"training epoch's batches/s x step ({data['step_s'] * 1e3:.0f} ms; 1.0 = 1/step), higher is better")
+    ax.set_title("Epochs after a validation pass (a second Loader): median; bars: 95% interval", fontsize=10)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import run as harness

@@ -4,8 +4,8 @@
 
 A row has one colour in every panel (the same label, the same colour; plain loops are grey);
 a target is a black dotted or dashed line labelled "target ..." in every panel that has one.
-A section without its own plot(ax, data) gets a panel saying so. Legends sit beside their
-panel, never over the data.
+A section without its own plot(ax, data), or without data, gets no panel: the title names it
+(its figures are in bench.txt). Legends sit beside their panel, never over the data.
 """
 from __future__ import annotations
 
@@ -69,27 +69,37 @@ def _order(res):
     return ([lead] if lead else []) + [s for s in secs if s != lead]
 
 
+def panels(res):
+    """(sections drawn, as (name, module, its results), in order; titles of those left out:
+    no plot of their own, or no data)."""
+    drawn, left = [], []
+    for s in _order(res):
+        mod, sec = importlib.import_module(f"bench_{s}"), res["sections"][s]
+        if hasattr(mod, "plot") and sec["data"]:
+            drawn.append((s, mod, sec))
+        else:
+            left.append(sec["title"])
+    return drawn, left
+
+
 def plot(res, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    secs = [(s, importlib.import_module(f"bench_{s}"), res["sections"][s]) for s in _order(res)]
+    secs, left = panels(res)
     if not secs:
         return
     fig, axes = plt.subplots(len(secs), 1, figsize=(13, 4.2 * len(secs)), layout="constrained", squeeze=False)
     env = res["env"]
     fig.suptitle(textwrap.fill(res.get("headline", ""), 150) + f"\nprefetch benchmark ({'quick' if res['quick'] else 'full'} run, "
                  f"{env['time_utc']}): {env['cpu']}, {env['cores']} cores, Python {env['python']}, "
-                 f"numpy {env['numpy']}" + (f", mxnet {env['mxnet']}" if env.get("mxnet") else ""), fontsize=10)
+                 f"numpy {env['numpy']}" + (f", mxnet {env['mxnet']}" if env.get("mxnet") else "")
+                 + ("\n" + textwrap.fill(f"No panel (figures in bench.txt): {'; '.join(left)}", 150) if left else ""),
+                 fontsize=10)
     colours = Colours()
     for ax, (_, mod, sec) in zip(axes[:, 0], secs):
-        if hasattr(mod, "plot") and sec["data"]:
-            mod.plot(ax, sec["data"])
-        else:
-            ax.text(0.5, 0.5, f"{sec['title']}: no plot (see bench.txt)", ha="center", va="center",
-                    transform=ax.transAxes)
-            ax.set_axis_off()
+        mod.plot(ax, sec["data"])
         colours.recolour(ax)
         ax.grid(True, which="major", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

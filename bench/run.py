@@ -3,7 +3,7 @@
     python bench/run.py [--quick] [--out DIR] [--sections a,b] [--reps N] [--max-reps N] [section options]
 
 --quick runs the headline's section and the cheaper ones (QUICK_SECTIONS) with
-fewer sizes and repetitions (meant to stay under 2 minutes on a quiet 2-core
+fewer sizes and repetitions (meant to stay under 90 s on a quiet 2-core
 machine); --sections all runs every section in quick mode (CI's smoke test).
 
 Prints one sentence first (what is faster than what, by how much, on this
@@ -15,8 +15,10 @@ with its 95 % interval; rows are interleaved within each repetition, so machine
 noise hits all rows alike. A target is "met" only when its whole interval
 clears it, "missed" when the whole interval is on the wrong side; while an
 interval straddles its target the section adds repetitions (up to --max-reps),
-and what is still open then is "inconclusive" ("not resolved in quick mode"
-with --quick). How busy the machine was is the CPU time of other processes
+and what is still open then is "inconclusive". --quick calls a target from its
+median, where the median clears it by 10 % and the interval does not reach 10 %
+past it on the other side; otherwise the target is "provisional"
+(bench/_stats.py says why). How busy the machine was is the CPU time of other processes
 (the benchmark's own threads excluded). Exit status 0 when every section ran,
 whatever the verdicts; 1 when a section crashed or the results could not be
 written; 130 on Ctrl-C (nothing written).
@@ -70,7 +72,7 @@ SECTIONS = ["loader", "loader_val", "loader_mx", "gil", "gil_load", "loader_scal
 # --quick runs these (what the first line states: prefetch against the loaders a user would
 # use instead) unless --sections says otherwise; the others are named in the report as left
 # to a full run.
-QUICK_SECTIONS = ["loader", "loader_val", "loader_mx", "mx_engine"]
+QUICK_SECTIONS = ["loader", "loader_mx", "mx_engine"]
 
 try:
     import _baselines as B
@@ -88,13 +90,13 @@ def _parser(mods):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the headline and the cheaper sections, fewer sizes and "
-                    "repetitions (meant to stay under 2 minutes on a quiet 2-core machine)")
+                    "repetitions (meant to stay under 90 s on a quiet 2-core machine)")
     ap.add_argument("--out", default=os.path.join(HERE, "out"), help="folder for bench.txt, bench.json, bench.png")
     ap.add_argument("--sections", help="comma list of: " + ", ".join(SECTIONS) + ", or 'all' (default: all; "
                     "with --quick: " + ", ".join(QUICK_SECTIONS) + ")")
     ap.add_argument("--reps", type=int, help="repetitions of every timed row (>= 6 for a 95%% interval)")
     ap.add_argument("--max-reps", type=int, help="cap on the repetitions a section adds while an interval "
-                    "straddles its target (default: 1.5 x --reps in --quick, 3 x in a full run; none with --reps)")
+                    "straddles its target (default: 3 x --reps in a full run; none with --reps or --quick)")
     ap.add_argument("--no-mx", action="store_true", help="leave the MXNet rows out even when it imports")
     ap.add_argument("--mx-python", help="an interpreter with mxnet and this package: the sections with MXNet rows "
                     "run there when mxnet does not import here (bench/main.sh passes its MXNet environment's)")
@@ -125,15 +127,17 @@ def _machine(env):
 
 
 def _headline(results, wanted, env, quick):
-    """The first line: the first section (in run order) that declared a headline and ran, then
-    what every section claims beside it (its other comparisons with a loader a user would use
-    instead: plain loop, torch's and Gluon's DataLoaders, mx.io.PrefetchingIter)."""
+    """The first line (at most 160 characters: who won, by how much, against what, whether it
+    holds) from the first section (in run order) that declared a headline and ran, and the
+    detail after it: that comparison in full, then what every section claims beside it (its
+    other comparisons with a loader a user would use instead: plain loop, torch's and Gluon's
+    DataLoaders, mx.io.PrefetchingIter). None when no section declared one."""
     heads = [results[s]["headline"] for s in wanted if results.get(s, {}).get("headline") is not None]
     if not heads:
         return None
     claims = [c for s in wanted for c in results.get(s, {}).get("claims", [])]
     also = f" Also, median [95% interval]: {'; '.join(claims)}." if claims else ""
-    return heads[0].sentence(_machine(env), quick) + also
+    return heads[0].first_line(env["cores"]), heads[0].sentence(_machine(env), quick) + also
 
 
 def _counts(verdicts):
@@ -161,7 +165,7 @@ def _busy_line(others, env, results, mods):
         return line + " (quiet)."
     if busy:
         line += (" Busy during: " + "; ".join(busy) + " cores: their verdicts say \"(busy machine)\", and in quick "
-                 "mode a target missed there is not resolved (provisional), never \"missed\".")
+                 "mode a target missed there is provisional, never \"missed\".")
     return line
 
 
@@ -180,7 +184,7 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
     ran = _ran(results)
     first = _headline(results, wanted, env, a.quick)
     ran_what = f"{'Quick' if a.quick else 'Full'} run of: " + "; ".join(mods[s].TITLE for s in ran) + "."
-    lines = ([first, f"{_counts(verdicts)} {ran_what}"] if first else   # no headline: the counts lead
+    lines = ([*first, f"{_counts(verdicts)} {ran_what}"] if first else   # no headline: the counts lead
              [f"On this machine ({_machine(env)}): {_counts(verdicts)[0].lower()}{_counts(verdicts)[1:]}",
               ran_what])
     not_run = [f"{mods[s].TITLE} ({results[s]['skipped']})" for s in results if s not in ran]
@@ -195,9 +199,11 @@ def _report(a, env, wanted, mods, results, errors, verdicts, wall, others, left)
                            [[v.target, v.measured, v.shown()] for v in verdicts], indent="")
     lines += [f"  {v.target}: {v.note}" for v in verdicts if v.note]
     lines += ["", "Met: the whole 95% interval clears the target; missed: the whole interval is on the wrong side;",
-              "inconclusive: the interval still straddles the target after the extra repetitions; not resolved in",
-              "quick mode: a quick run calls a target only when its interval clears it by 5 %; this one was closer,",
-              "or missed it while other processes were busy (provisional: run without --quick). (busy machine): other processes used the CPUs while it was measured: re-run on",
+              "inconclusive: the interval still straddles the target after the extra repetitions; provisional: a",
+              "quick run calls a target from its median (its few repetitions make a loose interval), where the",
+              "median clears the target by 10 % and the interval reaches no more than 10 % past it on the other",
+              "side; this one was closer, its interval too wide, or it missed while other processes were busy: run",
+              "without --quick. (busy machine): other processes used the CPUs while it was measured: re-run on",
               "a quiet machine before relying on it. Every ratio is a speed ratio (ours / other, higher is better) unless",
               "its target says cost or time.",
               f"Run: {env['time_utc']}, {wall:.0f} s, {_machine(env)}, numpy {env['numpy']}"
@@ -345,7 +351,7 @@ def main(argv=None):
     mods = _sections()
     a = _parser(mods).parse_args(argv)
     import _stats as S  # needs numpy
-    S.quick_margin = 0.05 if a.quick else 0.0
+    S.quick_margin = 0.10 if a.quick else 0.0
     a.argv = sys.argv[1:] if argv is None else list(argv)
     if a.child_section:
         return _child(a, mods)
@@ -446,12 +452,13 @@ def _gil_verdict(results, mods):
 
 def _max_reps(a, cfg):
     """The cap on repetitions when an interval straddles its target: --max-reps, else none
-    beyond an explicit --reps, else 1.5 x the planned ones in --quick and 3 x in a full run."""
+    beyond an explicit --reps or in --quick (it calls a target from its median, which more
+    repetitions barely move), else 3 x the planned ones."""
     if a.max_reps is not None:
         return max(a.max_reps, cfg.get("reps", 1))
-    if a.reps is not None or "reps" not in cfg:
+    if a.reps is not None or a.quick or "reps" not in cfg:
         return cfg.get("reps", 1)
-    return cfg["reps"] * 3 // 2 if a.quick else cfg["reps"] * 3
+    return cfg["reps"] * 3
 
 
 if __name__ == "__main__":

@@ -8,6 +8,28 @@ adapters (subpackages, declared as entry points) are imported on demand, and
 ``register_leaf``/``register_container``/``register_device`` let a user add
 types of their own (see ``prefetch.adapters``).
 """
+# ruff: noqa: E402 - the check below runs before the imports that need the compiled core
+import importlib.machinery as _machinery
+import os as _os
+
+
+def _check_core_is_built() -> None:
+    """The compiled core sits beside this file in an installed package and after an in-place
+    build. Without it, ``import prefetch`` run inside a checkout has found the source folder
+    (the current folder comes first on sys.path) instead of the installed package, and the
+    first ``from prefetch import _core`` would fail as an obscure circular import."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    if any(_os.path.exists(_os.path.join(here, "_core" + s)) for s in _machinery.EXTENSION_SUFFIXES):
+        return
+    raise ImportError(
+        f"you are importing prefetch from its source folder ({here}), where its compiled core "
+        "(prefetch/_core) is not built: Python looks in the current folder first, so it hides an installed "
+        "prefetch. Run from another folder, or build in place with "
+        "`pip install -e .` (or `python setup.py build_ext --inplace`).", name="prefetch._core")
+
+
+_check_core_is_built()
+
 from prefetch._types import ClosedError, GILBoundWarning, Stats, WorkerInfo
 from prefetch._version import __version__
 from prefetch.adapters import register_collate, register_container, register_device, register_leaf

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # The test command (README; .ci/run calls it). Needs only Python >= 3.10 (3.11 for MXNet and the
 # torch CPU wheel) and a C compiler:
-#   bash tests/run.sh [--matrix] [--stress] [extra pytest args]
+#   bash tests/run.sh [--full] [--matrix] [--stress] [--no-pythons | --pythons] [-- pytest args]
+# Two tiers:
+#   (default)  the fast tier: every behaviour the package promises, tested once (a few minutes on
+#              2 cores once the environments exist).
+#   --full     the long tier (CI): also the tests marked `full` in the test files (pyproject.toml
+#              registers the marker): the peers' own suites ported, with their controls (torch's,
+#              torchdata's and Gluon's loaders), Lightning, Accelerate and torchrun, the C under
+#              the sanitizers, the property tests, the benchmark's own tests.
+# A flag this script does not know is an error naming the ones it does; pytest's own options go
+# after `--` (a few common ones, -k/-x/-q/-p/--durations=N, are passed on as they are).
 # The package is tested as a user gets it: the sdist is built from this checkout, pip builds a wheel
 # from the sdist, each environment installs that wheel, and the tests run from the unpacked sdist
 # (build/dist/src), so a file missing from the sdist fails here. Each test file runs once, in the
@@ -24,22 +33,35 @@
 # Venvs stay in build/test-envs (PREFETCH_ENVS moves them) and are reused while still valid; only
 # the package is reinstalled when the sources changed. Under CI everything is made anew.
 # The three environments' suites run one after the other.
-# Exits non-zero when a step fails; pytest-timeout bounds each test.
+# Exits non-zero when a step fails (2 for a flag it does not know); pytest-timeout bounds each test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/tests/venvs.sh"
 matrix=0
 stress=$pf_ci
 pythons=1   # 0: not the other CPythons; 2: only them
+tier="not full"   # the tests' marker expression: the fast tier leaves out those marked `full`
+pytest_args=()
+flags="--full (the long tier), --matrix, --stress, --no-pythons, --pythons; pytest's options after --"
 while [[ $# -gt 0 ]]; do
     case "$1" in
+        --full) tier=""; shift ;;
         --matrix) matrix=1; shift ;;
         --stress) stress=1; shift ;;
         --no-pythons) pythons=0; shift ;;
         --pythons) pythons=2; shift ;;
-        *) break ;;
+        --) shift; pytest_args+=("$@"); break ;;
+        -k|-p) pytest_args+=("$1" "$2"); shift 2 ;;
+        -x|-q|-v|-s|-rs|--durations=*|--timeout=*) pytest_args+=("$1"); shift ;;
+        *) echo "tests/run.sh: unknown tier or flag '$1'; the tiers: the fast one (no flag) and --full;" \
+                "the flags: $flags" >&2
+           exit 2 ;;
     esac
 done
+set -- "${pytest_args[@]}"
+marks() {  # $1: "stress" or "not stress": that with the tier's marker expression
+    if [[ -n "$tier" ]]; then echo "$1 and $tier"; else echo "$1"; fi
+}
 if [[ $pythons == 2 && $pf_ci == 1 ]]; then pf_lock .lock-pythons; else pf_lock; fi
 
 pytest_in() {  # $1 = venv; rest: pytest args, paths relative to the unpacked sdist. The pytest
@@ -61,7 +83,7 @@ python_matrix() {  # tests/core on CPython 3.10, 3.12 and 3.13, wherever found
         py="$(pf_find_python $v)"
         if [[ -z "$py" ]]; then echo "tests/run.sh: Python $v not found, skipped" >&2; continue; fi
         pf_env "core-$v" "$py" test
-        pytest_in "$PF_VENV" tests/core -m "not stress" -rs "$@"
+        pytest_in "$PF_VENV" tests/core -m "$(marks "not stress")" -rs "$@"
     done
 }
 if [[ $pythons == 2 ]]; then
@@ -84,9 +106,10 @@ mx_venv="$PF_VENV"
 if [[ $matrix == 1 ]]; then core_mx=(tests/core); fi
 pf_env torch "$py311" test,torch
 torch_venv="$PF_VENV"
+if [[ -z "$tier" ]]; then pf_extra "$torch_venv" test-frameworks; fi
 
 suite_core() {
-    pytest_in "$core_venv" tests/core tests/csrc tests/mx/test_mx_optional.py -m "not stress" -rs "$@"
+    pytest_in "$core_venv" tests/core tests/csrc tests/mx/test_mx_optional.py -m "$(marks "not stress")" -rs "$@"
     if [[ $stress == 1 ]]; then
         echo "=== [core] stress"
         pytest_in "$core_venv" tests/stress -m stress -rs
@@ -94,15 +117,19 @@ suite_core() {
     echo "=== [core] ruff check"
     (cd "$root" && "$PF_TOOLS/bin/ruff" check --no-cache .)
 }
-suite_mxnet() { pytest_in "$mx_venv" tests/mx "${core_mx[@]}" -m "not stress" -rs "$@"; }
-suite_torch() { pytest_in "$torch_venv" tests/pytorch "${core_torch[@]}" -m "not stress" -rs "$@"; }
+suite_mxnet() { pytest_in "$mx_venv" tests/mx "${core_mx[@]}" -m "$(marks "not stress")" -rs "$@"; }
+suite_torch() { pytest_in "$torch_venv" tests/pytorch "${core_torch[@]}" -m "$(marks "not stress")" -rs "$@"; }
 
 # One suite at a time: side by side on 2 cores they made the very load that the tests of
 # timing and scheduling cannot stand, and the README's command failed where CI's passed.
+times=()
 for name in core mxnet torch; do
     echo "=== [$name] tests" >&2
+    t0=$SECONDS
     "suite_$name" "$@"
+    times+=("$name $((SECONDS - t0)) s")
 done
+echo "tests/run.sh: suites: ${times[*]}; $SECONDS s in all" >&2
 
 if [[ $matrix == 1 && $pythons == 1 ]]; then python_matrix "$@"; fi
 echo "tests/run.sh: all environments passed" >&2

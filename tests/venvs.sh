@@ -14,10 +14,16 @@
 #                       setup.py, the interpreter (version and path), NAME and EXTRAS; otherwise it is
 #                       made anew. When only the sources changed, just the package is reinstalled
 #                       (pip install --no-deps --force-reinstall). Sets PF_VENV.
+#                       A venv is complete when its .key is there: written last, and removed first
+#                       whenever it is remade (before rm -rf, which an interrupt can stop half-way),
+#                       so a run interrupted while making it leaves a venv the next run remakes,
+#                       never one it reuses half-built. .sources (the package's hash) likewise.
 #                       One torch: any EXTRAS naming torch (the tests' "test,torch", the benchmark's
-#                       "bench,torch,bench-peers") get the one venv NAME=torch with all five (with
-#                       "test-frameworks": Lightning and Accelerate, for the torch tests), so torch
+#                       "bench,torch,bench-peers") get the one venv NAME=torch with all four, so torch
 #                       (about 1.1 GB) is installed once in build/ and not once per command.
+#   pf_extra VENV EXTRA adds the package's EXTRA to a venv pf_env made (tests/run.sh --full: the torch
+#                       venv's "test-frameworks", Lightning, Accelerate, Hugging Face datasets and
+#                       webdataset, which only the long tier's tests use); once per venv.
 #   pf_find_python 3.X  prints an interpreter of that version, or nothing.
 # Under CI (CI set and not "false"/"0") every venv and the sdist are made anew once per CI run
 # (PREFETCH_RUN names the run; .ci/run sets it, so the steps of one run share what they built).
@@ -77,6 +83,7 @@ pf_tools() {  # a venv with `build` and `ruff` (what makes the sdist and lints);
     if pf_fresh "$PF_TOOLS/.run" || [[ "$(cat "$PF_TOOLS/.key" 2>/dev/null)" != "$key" ]] ||
         ! "$PF_TOOLS/bin/python" -c "import build" 2>/dev/null; then
         echo "=== [tools] making $PF_TOOLS" >&2
+        rm -f "$PF_TOOLS/.key"
         rm -rf "$PF_TOOLS"
         "$py" -m venv "$PF_TOOLS"
         "$PF_TOOLS/bin/python" -m pip install -q --upgrade pip build ruff >/dev/null
@@ -112,8 +119,10 @@ with tarfile.open(sys.argv[1]) as t:
         if m.isfile():
             h.update(m.name.encode() + b"\0" + t.extractfile(m).read() + b"\0")
 print(h.hexdigest())' "$tarball")"
-    if pf_fresh "$pf_dist/.run" || [[ "$(cat "$pf_dist/.hash" 2>/dev/null)" != "$PF_HASH" ]]; then
+    if pf_fresh "$pf_dist/.run" || [[ "$(cat "$pf_dist/.hash" 2>/dev/null)" != "$PF_HASH" ]] ||
+        ! ls -d "$pf_dist"/src/*/ >/dev/null 2>&1; then
         echo "=== [sdist] $(basename "$tarball") (sources changed: wheels are rebuilt from it)" >&2
+        rm -f "$pf_dist/.hash"   # first: the unpacked sdist is complete only once it is written again
         rm -rf "$pf_dist/sdist" "$pf_dist/src" "$pf_dist/wheels"
         mv "$new" "$pf_dist/sdist"
         mkdir -p "$pf_dist/src"
@@ -147,13 +156,14 @@ pf_wheel() {  # $1 = venv: prints the wheel for its interpreter, built from $PF_
 
 pf_env() {  # $1 = name, $2 = python, $3 = extras; needs pf_sdist first; sets PF_VENV
     local name="$1" py="$2" extras="$3" key whl
-    if [[ ",$extras," == *,torch,* ]]; then name=torch; extras="test,test-frameworks,bench,torch,bench-peers"; fi
+    if [[ ",$extras," == *,torch,* ]]; then name=torch; extras="test,bench,torch,bench-peers"; fi
     PF_VENV="$pf_envs/$name"
     key="$(pf_hash file:"$root/pyproject.toml" file:"$root/setup.py" file:"$root/tests/pins.txt" \
         "$("$py" -c 'import sys; print(sys.version, sys.executable)')" "$name" "$extras")"
     if pf_fresh "$PF_VENV/.run" || [[ "$(cat "$PF_VENV/.key" 2>/dev/null)" != "$key" ]] ||
         ! "$PF_VENV/bin/python" -c "" 2>/dev/null; then
         echo "=== [$name] making $PF_VENV ($("$py" --version), extras: $extras)" >&2
+        rm -f "$PF_VENV/.key" "$PF_VENV/.sources"
         rm -rf "$PF_VENV"
         "$py" -m venv "$PF_VENV"
         "$PF_VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
@@ -164,10 +174,22 @@ pf_env() {  # $1 = name, $2 = python, $3 = extras; needs pf_sdist first; sets PF
         echo "$pf_run" >"$PF_VENV/.run"
     elif [[ "$(cat "$PF_VENV/.sources" 2>/dev/null)" != "$PF_HASH" ]]; then
         echo "=== [$name] reusing $PF_VENV; sources changed: reinstalling the package only" >&2
+        rm -f "$PF_VENV/.sources"
         whl="$(pf_wheel "$PF_VENV")"
         "$PF_VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$whl"
     else
         echo "=== [$name] reusing $PF_VENV (nothing changed)" >&2
     fi
     echo "$PF_HASH" >"$PF_VENV/.sources"
+}
+
+pf_extra() {  # $1 = a venv made by pf_env, $2 = an extra of the package
+    local venv="$1" extra="$2" stamp="$1/.extra-$2" whl
+    if [[ "$(cat "$stamp" 2>/dev/null)" != "$(cat "$venv/.key")" ]]; then
+        echo "=== [$(basename "$venv")] adding the [$extra] extra" >&2
+        rm -f "$stamp"
+        whl="$(pf_wheel "$venv")"
+        "$venv/bin/python" -m pip install -q -c "$root/tests/pins.txt" "$whl[$extra]"
+        cp "$venv/.key" "$stamp"
+    fi
 }

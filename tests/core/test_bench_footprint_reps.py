@@ -17,6 +17,9 @@ import bench_footprint as F  # noqa: E402
 REPS, MAX_REPS = 6, 9
 
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
+
 def _cfg():
     return {"reps": REPS, "max_reps": MAX_REPS, "quick": False, "extra_reps": REPS, "records": 10,
             "epochs": 1, "lock_records": 10, "timeout_s": 10,

@@ -15,6 +15,7 @@ import _util as U  # noqa: E402
 import bench_footprint as F  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc")
+pytestmark = [pytestmark, pytest.mark.full]  # the long tier (tests/run.sh --full)
 
 MiB = 2**20
 

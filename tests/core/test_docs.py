@@ -117,3 +117,38 @@ def test_the_readmes_framework_examples_run_as_pasted(framework):
     for code in examples:
         r = run_python(code, timeout=100)
         assert r.returncode == 0, r.stderr
+
+
+FRAGMENT = "<!-- fragment -->"
+
+
+def _docs_python_blocks():
+    """(page, first line, code, is_fragment) of every ```python block in docs/; a block is a
+    fragment when the line before its fence is FRAGMENT (the page says what it leaves out)."""
+    out = []
+    for page in _pages()[1:] if os.path.isdir(DOCS) else []:
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M):
+            before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+            code = "\n".join(line[len(m.group(1)):] for line in m.group(2).splitlines())
+            out.append((os.path.relpath(page, ROOT), code.splitlines()[0], code, before == FRAGMENT))
+    return out
+
+
+def test_every_docs_code_block_runs_or_is_marked_a_fragment():
+    """A block that needs a framework is a fragment (the runnable ones are numpy-only, run
+    below); every page's blocks are found (a page's count going to 0 would hide them)."""
+    blocks = _docs_python_blocks()
+    assert len(blocks) >= 10 and any(not frag for *_, frag in blocks)
+    needs = [f"{page}: {first}" for page, first, code, frag in blocks
+             if not frag and re.search(r"^\s*(import|from) (torch|mxnet)\b", code, re.M)]
+    assert not needs, f"not marked {FRAGMENT!r}, yet needs a framework: {needs}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("code", [code for _p, _f, code, frag in _docs_python_blocks() if not frag],
+                         ids=lambda c: c.splitlines()[0][:40])
+def test_the_docs_complete_examples_run_as_pasted(code):
+    r = run_python(code, timeout=50)
+    assert r.returncode == 0, r.stderr

@@ -118,6 +118,7 @@ def test_interpreter_exit_without_close_is_clean():
     assert r.stderr == ""
 
 
+@pytest.mark.full
 def test_interpreter_exit_with_stuck_source_returns():
     """§4: exit does not hang on a source stuck forever."""
     r = run_python(textwrap.dedent("""

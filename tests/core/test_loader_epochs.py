@@ -239,6 +239,7 @@ def test_max_bytes_bounds_collated_batches_held_ahead():
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", ["batch_size=None", "collate=f"])
+@pytest.mark.full
 def test_max_bytes_bounds_batches_held_ahead_in_every_batching_mode(mode):
     """§9 (issue 32): max_bytes bounds what is held ahead without the default
     collate too, counted from the batches' real sizes. Before: a batch was

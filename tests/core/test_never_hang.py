@@ -43,6 +43,7 @@ def test_stuck_source_close_returns_after_grace_and_warns():
     assert err == ""
 
 
+@pytest.mark.full
 def test_stuck_source_del_returns_and_warns():
     """§4/§5: dropping the last reference closes it (finalizer), bounded by the grace period."""
     code = """
@@ -293,6 +294,7 @@ def test_fork_with_prefetchers_in_every_state():
 
 
 @pytest.mark.fork_with_threads
+@pytest.mark.full
 def test_fork_repeatedly_during_large_split_copies():
     """§4: forks landing anywhere in the worker's cycle (mid-copy in helper threads,
     in next(source), waiting for room) never deadlock either process."""
@@ -384,6 +386,7 @@ def test_nested_early_break_and_drop_releases_every_thread():
     """), "1")
 
 
+@pytest.mark.full
 def test_nested_stuck_source_close_and_exit_return():
     """§4: the innermost source stuck forever: closing the outer one returns, and so does exit."""
     assert_ok(run_case("""

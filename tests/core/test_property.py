@@ -36,6 +36,9 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 Pair = collections.namedtuple("Pair", "first second")
 
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
+
 @dataclasses.dataclass
 class Record:
     x: object

@@ -4,6 +4,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import prefetch._core as core
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -36,6 +38,7 @@ def main() -> None:
 '''
 
 
+@pytest.mark.full
 def test_prefetcher_is_generic_for_a_user(tmp_path):
     """Iterating a Prefetcher over an iterable of T yields T to a type checker:
     mypy --strict accepts the int and rejects the str assigned to an int."""

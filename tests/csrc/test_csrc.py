@@ -43,17 +43,20 @@ def build_and_run(tmp_path, sanitizer, iterations, extra=()):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.full
 def test_csrc_under_thread_sanitizer(tmp_path):
     build_and_run(tmp_path, "thread", 3000)
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.full
 def test_csrc_under_address_and_undefined_sanitizers(tmp_path):
     build_and_run(tmp_path, "address,undefined", 20000, DEBUG)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("misuse", ["release-without-acquire", "publish-without-reserve", "two-consumers"])
+@pytest.mark.full
 def test_csrc_debug_build_asserts_on_ring_misuse(tmp_path, misuse):
     exe = build(tmp_path, "undefined", DEBUG)
     r = subprocess.run([str(exe), "misuse", misuse], capture_output=True, text=True, timeout=60)

@@ -25,6 +25,9 @@ DATA = gluon.data.SimpleDataset(list(range(6)))
 
 # -- item 11: each iteration is a pass of its own ----------------------------------
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
+
 @pytest.fixture
 def gluon_loader():
     """Gluon's loader; its thread pool gives its process pool's passes (one

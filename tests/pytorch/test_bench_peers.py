@@ -13,6 +13,8 @@ pytest.importorskip("torch")   # the peers are installed with torch, in the torc
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import _peers as P  # noqa: E402
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
 
 class Squares:
     def __len__(self):

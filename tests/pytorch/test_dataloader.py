@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from prefetch import ClosedError, Prefetcher  # noqa: E402
+from support import free_the_frames  # noqa: E402
 
 # On a machine without an accelerator, DataLoader warns that pin_memory does nothing.
 pytestmark = pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")
@@ -72,8 +73,6 @@ def test_values_and_length(workers, pin):
     assert len({b["x"].data_ptr() for b in got}) == 6
 
 
-# One loader with workers: after a worker's error, torch 2.13's own shutdown of
-# that iterator takes ~10 s (each worker's join times out), prefetch or not.
 @pytest.mark.parametrize("workers, pin", LOADERS[:3], ids=IDS[:3])
 def test_dataset_error_reaches_consumer_with_note(workers, pin):
     """§4: the batches before it, then the loader's exception with our note; then the end."""
@@ -86,6 +85,7 @@ def test_dataset_error_reaches_consumer_with_note(workers, pin):
         assert any("prefetch worker" in n and "while fetching batch 3 (counted from 1: the 2 before it" in n for n in info.value.__notes__)
         with pytest.raises(StopIteration):
             next(p)
+        free_the_frames(info)
 
 
 @pytest.mark.parametrize("workers, pin", LOADERS, ids=IDS)

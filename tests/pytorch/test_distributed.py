@@ -90,6 +90,9 @@ dist.destroy_process_group()
 '''
 
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
+
 def _loopback_env():
     """Gloo on the loopback interface only (its own ports are bound on 0)."""
     names = [n for _, n in socket.if_nameindex() if n.startswith("lo")]

@@ -23,6 +23,8 @@ import prefetch.torch  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
 from support import run_script  # noqa: E402
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
 
 class Recorded(Dataset):
     """dataset[i] is a float tensor [i]; each call is recorded with the process and thread that made it."""

@@ -31,6 +31,7 @@ from support import (  # noqa: E402
     SharedDataset,
     UnpicklableDataset,
     assert_same,
+    free_the_frames,
 )
 
 Point = collections.namedtuple("Point", "x y")
@@ -381,6 +382,7 @@ def test_dataset_error_is_the_original_with_its_frames_and_a_note():
         list(TorchLoader(Raising(), batch_size=2, num_workers=2))
     assert "Caught KeyError in DataLoader worker process" in str(theirs.value)
     assert "__getitem__" not in [f.name for f in traceback.extract_tb(theirs.value.__traceback__)]
+    free_the_frames(theirs)
 
     loader = DataLoader(Raising(), batch_size=2, num_workers=2)
     got = []

@@ -58,6 +58,7 @@ print(run(DataLoader))
 '''
 
 
+@pytest.mark.full
 def test_ctrl_c_while_waiting_goes_on_with_the_next_batch_as_torch():
     """The KeyboardInterrupt reaches the caller of next(); the next next()
     gives the batch it waited for and the epoch runs to its end, as with

@@ -151,6 +151,7 @@ loader.close()
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.full
 def test_a_run_killed_after_torch_save_resumes_exactly_in_a_new_process(tmp_path):
     """Issue 24 item 4: 6 batches per epoch, a checkpoint every 4th batch; killed
     with SIGKILL after batch 11 (epoch 1, 5 batches in; the last checkpoint

@@ -71,6 +71,7 @@ with StatefulDataLoader(stream, batch_size=None, num_workers=3) as loader:
 """
 
 
+@pytest.mark.full
 def test_hugging_face_datasets_stream_is_sharded_and_resumes_exactly_in_a_new_process(tmp_path):
     """Item 6 and the issue's target: num_workers=3, the same examples as
     torch's DataLoader, once each; stopped mid-epoch, saved with torch.save
@@ -92,6 +93,7 @@ def test_hugging_face_datasets_stream_is_sharded_and_resumes_exactly_in_a_new_pr
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")   # webdataset leaves its tar files to the gc
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.full
 def test_webdataset_shards_by_worker_like_torchs_loader(tmp_path):
     wds = pytest.importorskip("webdataset")
     urls = []

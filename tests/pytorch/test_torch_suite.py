@@ -20,6 +20,8 @@ from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 from prefetch.torch import DataLoader, get_worker_info  # noqa: E402
 from support import assert_same  # noqa: E402
 
+pytestmark = pytest.mark.full  # the long tier (tests/run.sh --full)
+
 
 @pytest.fixture
 def many_cpus(monkeypatch):

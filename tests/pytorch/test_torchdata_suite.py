@@ -20,10 +20,12 @@ stateful = pytest.importorskip("torchdata.stateful_dataloader")
 from torch.utils.data import Dataset, IterableDataset, RandomSampler, Sampler  # noqa: E402
 
 import prefetch.torch  # noqa: E402
+from support import free_the_frames  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
               # torchdata's own, from torch's DataLoader internals it calls
               pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
+pytestmark = [*pytestmark, pytest.mark.full]  # the long tier (tests/run.sh --full)
 
 
 @pytest.fixture(params=["prefetch", "torchdata"])
@@ -412,8 +414,9 @@ def _raise_in_init(worker_id):
 
 def test_init_error(SDL):
     dl = SDL(dataset=Records(100), num_workers=4, collate_fn=identity, worker_init_fn=_raise_in_init)
-    with pytest.raises(ValueError, match="Worker init error"):
+    with pytest.raises(ValueError, match="Worker init error") as info:
         next(iter(dl))   # torchdata raises in iter(); the drop-in's threads start with the epoch
+    free_the_frames(info)
 
 
 class Failing(Dataset):
@@ -425,9 +428,11 @@ class Failing(Dataset):
 
 
 def test_iteration_error(SDL):
-    it = iter(SDL(dataset=Failing(), num_workers=4, collate_fn=identity))
-    with pytest.raises(ValueError, match="Iteration error"):
-        next(it)
+    with pytest.raises(ValueError, match="Iteration error") as info:
+        # no local holds the loader or its iterator: the error's traceback refers to this
+        # frame, and free_the_frames cannot clear a frame that is still running
+        next(iter(SDL(dataset=Failing(), num_workers=4, collate_fn=identity)))
+    free_the_frames(info)
 
 
 # -- TestFastStateDictRequestRoundRobin ---------------------------------------------------
