@@ -142,7 +142,7 @@ def test_every_docs_code_block_runs_or_is_marked_a_fragment():
     blocks = _docs_python_blocks()
     assert len(blocks) >= 10 and any(not frag for *_, frag in blocks)
     needs = [f"{page}: {first}" for page, first, code, frag in blocks
-             if not frag and re.search(r"^\s*(import|from) (torch|mxnet)\b", code, re.M)]
+             if not frag and re.search(r"^\s*(import|from) (prefetch\.)?(torch|mxnet|mx)\b", code, re.M)]
     assert not needs, f"not marked {FRAGMENT!r}, yet needs a framework: {needs}"
 
 
