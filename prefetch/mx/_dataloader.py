@@ -352,7 +352,9 @@ class DataLoader(_gluon_data.DataLoader):
         # where there are workers to hand the batches to.
         self._in_processes = loading == "processes"
         self._decided = loading != "auto" or self._num_workers == 0
-        self._notices = []          # the GIL notice, taken from a Loader for _decide
+        # The GIL notice, taken from a Loader for _decide (the list's append:
+        # a Loader holds no reference to this DataLoader, which its threads go with).
+        self._notices = []
         self._pool = None           # Gluon's worker pool, once it loads
         self._process_pass = None   # the pass that pool finishes or loads, as state_dict()/stats() read it
         # Gluon's default on the host: one copy fewer per batch (pinned batches go Gluon's way)
@@ -393,7 +395,7 @@ class DataLoader(_gluon_data.DataLoader):
                                  workers=max(self._num_workers, 1), depth=max(self._prefetch, 1),
                                  timeout=self._timeout,
                                  device=mx.cpu_pinned(self._pin_device_id) if self._pin_memory else None,
-                                 on_notice=None if self._decided else self._noticed,
+                                 on_notice=None if self._decided else self._notices.append,
                                  name="gluon-DataLoader")
         with self._lock:
             self._loaders.append(loader)
@@ -448,10 +450,6 @@ class DataLoader(_gluon_data.DataLoader):
         if self._iter is None and self.auto_reload:
             self.refresh()
 
-    def _noticed(self, note):
-        if not self._decided:   # said once per DataLoader, whichever of its Loaders noticed
-            self._notices.append(note)
-
     def _decide(self, loader, handed):
         """The threads measured dataset[i] holding the GIL: Gluon's worker
         pool loads the rest of the pass, and every later one, where it can
@@ -459,6 +457,8 @@ class DataLoader(_gluon_data.DataLoader):
         batches, or None (threads)."""
         note = self._notices.pop()
         self._notices.clear()
+        if self._decided:   # said once per DataLoader, whichever of its passes' Loaders noticed
+            return None
         self._decided = True
         reason = why_not_processes(self._dataset, self._given_batchify)
         say(note, self._num_workers, reason)
@@ -601,7 +601,7 @@ class DataLoader(_gluon_data.DataLoader):
         if process_pass is not None and process_pass.source is loader:
             return process_pass.stats()
         if loader is None:
-            return Stats(loading="processes" if self._in_processes else "threads")
+            return Stats()
         return dataclasses.replace(loader.stats(), loading="threads")
 
     # -- lifecycle ----------------------------------------------------------------

@@ -188,3 +188,31 @@ def test_a_bad_loading_is_refused_at_the_constructor_naming_it(value, error):
     with pytest.raises(error, match=r"loading") as caught:
         DataLoader(Counted(8), batch_size=4, loading=value)
     assert repr(value) in str(caught.value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore::prefetch.GILBoundWarning")
+def test_a_state_taken_in_processes_resumes_with_the_batches_not_handed_out(gil_bound):
+    ds = Counted()
+    dl = DataLoader(ds, batch_size=4, num_workers=2, shuffle=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        it = iter(dl)
+        head = [next(it).asnumpy()]
+        while head[-1][0, 1] == MAIN:   # until Gluon's workers hand out batches
+            head.append(next(it).asnumpy())
+        head += [next(it).asnumpy() for _ in range(3)]
+        state = dl.state_dict()
+        rest = [b.asnumpy() for b in it]
+    assert state["batches"] == len(head) and len(head) + len(rest) == len(dl)
+    np.random.seed(99)   # the state restores numpy's generator as the pass began
+    fresh = DataLoader(ds, batch_size=4, num_workers=2, shuffle=True, loading="threads")
+    fresh.load_state_dict(state)
+    resumed = [b.asnumpy() for b in fresh]
+    assert [b[:, 0].tolist() for b in resumed] == [b[:, 0].tolist() for b in rest]
+    dl.load_state_dict(state)   # the switched loader resumes in processes from the batch after
+    again = [b.asnumpy() for b in dl]
+    assert [b[:, 0].tolist() for b in again] == [b[:, 0].tolist() for b in rest]
+    assert (flat(again)[:, 1] != MAIN).all()
+    dl.close()
+    fresh.close()
