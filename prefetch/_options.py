@@ -128,6 +128,19 @@ def check_num_workers(value: Any) -> None:
         raise ValueError(f"num_workers must be an int >= 0 and at most {MAX_WORKERS} (threads), got {value!r}")
 
 
+LOADINGS = ("auto", "threads", "processes")   # where a drop-in loads: its loading= argument
+
+
+def check_loading(value: Any) -> str:
+    """A drop-in DataLoader's ``loading=``: TypeError for a non-str, ValueError for another word."""
+    if not isinstance(value, str):
+        raise TypeError(f"loading must be 'auto', 'threads' or 'processes' (a str), got {value!r} "
+                        f"({type(value).__name__})")
+    if value not in LOADINGS:
+        raise ValueError(f"loading must be 'auto', 'threads' or 'processes', got loading={value!r}")
+    return value
+
+
 def check_bool(arg: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{arg} must be a bool, got {value!r} ({type(value).__name__})")

@@ -629,7 +629,7 @@ class _Mapped(_Threaded, Generic[T]):
 
 def map(fn: Callable[[Any], T], iterable: Iterable[Any], *, workers: Any = "auto", ordered: bool = True,
         depth: int = 4, timeout: Optional[float] = None, name: Optional[str] = None,
-        worker_init: Optional[Callable[[int], Any]] = None) -> _Mapped[T]:
+        worker_init: Optional[Callable[[int], Any]] = None, **unknown: Any) -> _Mapped[T]:
     """``fn(item)`` for each item of ``iterable``, on ``workers`` threads.
 
     Results come out in order (``ordered=False``: as they complete), each
@@ -640,4 +640,9 @@ def map(fn: Callable[[Any], T], iterable: Iterable[Any], *, workers: Any = "auto
     ``iterable``; ``next()`` takes from the current one), with ``close()``,
     ``with``, ``stats()`` and the same error and memory rules.
     """
+    if unknown:
+        # A framework loader's name for one of the arguments gets the message
+        # naming ours; any other, Python's own.
+        check_habits("map", unknown)
+        raise TypeError(f"map() got an unexpected keyword argument {next(iter(unknown))!r}")
     return _Mapped(fn, iterable, workers, ordered, depth, timeout, name, worker_init)

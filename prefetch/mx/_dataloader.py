@@ -14,6 +14,7 @@ wherever its generator is collected.
 """
 import base64
 import copy
+import dataclasses
 import gc
 import itertools
 import multiprocessing
@@ -28,12 +29,14 @@ from prefetch._framework import (
     FrameworkLoader,
     Stats,
     check_batch_size,
+    check_loading,
     check_num_workers,
     check_state,
     order_part,
     replica,
 )
 from prefetch.mx._mxnet import mx
+from prefetch.mx._processes import Cut, Pool, ProcessPass, say, why_not_processes
 
 _gluon_data = mx.gluon.data
 _default_batchify_fn = _gluon_data.dataloader.default_batchify_fn
@@ -239,10 +242,15 @@ class _Batches:
 
     def __init__(self, batch_sampler):
         self.batch_sampler = batch_sampler
+        self.processes = False   # Gluon's worker pool loads the passes that begin (_processes.py)
+        self.skip = 0            # batches of the next pass handed out before a loaded state
+        self.cut = None          # what the threads take of the pass begun
 
     def __iter__(self):
         keys = iter(self.batch_sampler)
-        return itertools.chain(list(itertools.islice(keys, 1)), keys)
+        self.cut = Cut(itertools.chain(list(itertools.islice(keys, 1)), keys), self.processes, self.skip)
+        self.skip = 0
+        return self.cut
 
     # No __len__: a rollover sampler's varies with what it carries, and the
     # DataLoader checks a resumed state's batches itself.
@@ -293,15 +301,23 @@ class DataLoader(_gluon_data.DataLoader):
     naming the sample and thread. What differs from Gluon's (``thread_pool``
     ignored, ``timeout`` with any ``num_workers``, ``prefetch``,
     ``auto_reload``): the drop-ins' page of the manual (docs/dropins.md).
+
+    ``loading`` (keyword only, not Gluon's) fixes where it loads:
+    ``"threads"``, ``"processes"`` (Gluon's own worker pool, as
+    ``thread_pool=False``), or ``"auto"`` (the default): threads, and where
+    they measure ``dataset[i]`` holding the GIL, Gluon's worker pool for the
+    rest of the pass and every later one, with one ``GILBoundWarning``
+    saying so (``stats().loading``). ValueError for any other value.
     """
 
     def __init__(self, dataset, batch_size=None, shuffle=False, sampler=None,
                  last_batch=None, batch_sampler=None, batchify_fn=None,
                  num_workers=0, pin_memory=False, pin_device_id=0,
-                 prefetch=None, thread_pool=False, timeout=120, auto_reload=False):
+                 prefetch=None, thread_pool=False, timeout=120, auto_reload=False, *, loading="auto"):
         # Gluon's checks, in Gluon's order, with its exception types and messages;
         # and those Gluon leaves to its iterator (a ZeroDivisionError, a bare
         # TypeError comparing num_workers with 0), here where they are given.
+        self.loading = check_loading(loading)
         check_num_workers(num_workers)
         assert timeout > 0, f"timeout must be positive, given {timeout}"
         if batch_sampler is None:
@@ -331,6 +347,16 @@ class DataLoader(_gluon_data.DataLoader):
         self._worker_pool = None
         self._prefetch = max(0, int(prefetch) if prefetch is not None else 2 * self._num_workers)
         self._batchify_fn = _default_batchify_fn if batchify_fn is None else batchify_fn
+        self._given_batchify = batchify_fn   # Gluon's pool's (None: its default for processes)
+        # Where the passes load (_processes.py): "auto" decides at the GIL notice,
+        # where there are workers to hand the batches to.
+        self._in_processes = loading == "processes"
+        self._decided = loading != "auto" or self._num_workers == 0
+        # The GIL notice, taken from a Loader for _decide (the list's append:
+        # a Loader holds no reference to this DataLoader, which its threads go with).
+        self._notices = []
+        self._pool = None           # Gluon's worker pool, once it loads
+        self._process_pass = None   # the pass that pool finishes or loads, as state_dict()/stats() read it
         # Gluon's default on the host: one copy fewer per batch (pinned batches go Gluon's way)
         self._on_host = self._batchify_fn is _default_batchify_fn and not pin_memory
         paths = _reader_paths(dataset)
@@ -369,6 +395,7 @@ class DataLoader(_gluon_data.DataLoader):
                                  workers=max(self._num_workers, 1), depth=max(self._prefetch, 1),
                                  timeout=self._timeout,
                                  device=mx.cpu_pinned(self._pin_device_id) if self._pin_memory else None,
+                                 on_notice=None if self._decided else self._notices.append,
                                  name="gluon-DataLoader")
         with self._lock:
             self._loaders.append(loader)
@@ -393,6 +420,9 @@ class DataLoader(_gluon_data.DataLoader):
         self._iter = None   # a prefetched pass is used once
         with self._lock:
             self._busy.add(id(loader))
+        cut = loader.batch_sampler.cut
+        handed = cut.skip   # batches of the pass handed out, those before a loaded state too
+        rest = self._hand_over(loader, handed) if self._in_processes else None
         try:
             while True:
                 try:
@@ -402,11 +432,52 @@ class DataLoader(_gluon_data.DataLoader):
                 except TimeoutError as exc:
                     raise multiprocessing.TimeoutError(
                         f"Worker timed out after {self._timeout} seconds") from exc
+                handed += 1
+                if rest is not None:
+                    self._process_pass.handed = handed
+                elif self._notices:
+                    rest = self._decide(loader, handed)
                 yield _to_nd(batch) if self._on_host else batch
+            if rest is not None:   # the threads' part is over: Gluon's workers go on
+                process_pass = self._process_pass
+                for batch in rest:
+                    handed += 1
+                    process_pass.handed = handed
+                    yield batch
+                process_pass.finished = True
         finally:
             self._release(loader, epoch)
         if self._iter is None and self.auto_reload:
             self.refresh()
+
+    def _decide(self, loader, handed):
+        """The threads measured dataset[i] holding the GIL: Gluon's worker
+        pool loads the rest of the pass, and every later one, where it can
+        run the dataset; the one warning says what and why. The rest's
+        batches, or None (threads)."""
+        note = self._notices.pop()
+        self._notices.clear()
+        if self._decided:   # said once per DataLoader, whichever of its passes' Loaders noticed
+            return None
+        self._decided = True
+        reason = why_not_processes(self._dataset, self._given_batchify)
+        say(note, self._num_workers, reason)
+        if reason is not None:
+            return None
+        self._in_processes = True
+        return self._hand_over(loader, handed)
+
+    def _hand_over(self, loader, handed):
+        """The index lists of the pass begun that no thread opened go to
+        Gluon's worker pool (made here the first time), which loads them
+        while the threads finish theirs: its batches, in order."""
+        sampler = loader.batch_sampler
+        sampler.processes = True   # the later passes begin there
+        if self._pool is None:
+            self._pool = Pool(self._dataset, self._given_batchify, self._num_workers, self._pin_memory,
+                              self._pin_device_id, self._prefetch, self._timeout)
+        self._process_pass = ProcessPass(loader, handed)
+        return self._pool.batches(sampler.cut.rest())
 
     def __len__(self):
         return len(self._batch_sampler)
@@ -421,6 +492,7 @@ class DataLoader(_gluon_data.DataLoader):
             number, self._epoch = self._epoch, self._epoch + 1
         loader.adopt_seed(self._seed)
         loader.set_epoch(number)   # a state loaded for this pass is kept
+        loader.batch_sampler.processes = self._in_processes   # the threads take none of it
         self._iter = (loader, iter(loader), number)
         self._latest = loader
 
@@ -457,6 +529,9 @@ class DataLoader(_gluon_data.DataLoader):
                 # (its state: where the consumer stopped) or ended (its
                 # state: the next pass's start).
                 loader = self._latest
+        process_pass = self._process_pass
+        if process_pass is not None and process_pass.source is loader:
+            return process_pass.state_dict()
         if loader is not None:
             return loader.state_dict()
         loader = self._take()   # a Loader between its epochs says where the next one starts
@@ -507,6 +582,7 @@ class DataLoader(_gluon_data.DataLoader):
             loader, self._next = (self._next, None) if self._next is not None else (self._take(), None)
         try:
             loader.load_checked(resume, seed)   # checked once, above
+            loader.batch_sampler.skip = state["batches"]   # the threads drop them; a hand-over, the rest
         except BaseException:
             with self._lock:
                 self._idle.append(loader)
@@ -518,9 +594,15 @@ class DataLoader(_gluon_data.DataLoader):
     def stats(self):
         """The counters of the pass begun last, as ``prefetch.Loader.stats()``
         gives them (a ``prefetch.Stats``: its batches, the threads' time inside
-        ``dataset[i]``, ``load_parallelism``...); all zero before the first pass."""
+        ``dataset[i]``, ``load_parallelism``...; ``loading``: where it loads,
+        "threads" or Gluon's worker "processes"); all zero before the first pass."""
         loader = self._latest
-        return Stats() if loader is None else loader.stats()
+        process_pass = self._process_pass
+        if process_pass is not None and process_pass.source is loader:
+            return process_pass.stats()
+        if loader is None:
+            return Stats()
+        return dataclasses.replace(loader.stats(), loading="threads")
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -532,6 +614,8 @@ class DataLoader(_gluon_data.DataLoader):
         self._iter = self._next = None
         for loader in loaders:
             loader.close()
+        if self._pool is not None:
+            self._pool.close()
 
     def __enter__(self):
         return self

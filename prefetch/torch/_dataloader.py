@@ -36,6 +36,7 @@ from prefetch._framework import (
     Stats,
     check_dataset,
     check_int,
+    check_loading,
     check_num_workers,
     check_state,
     close_when_dropped,
@@ -81,15 +82,6 @@ _TORCH_INIT = inspect.signature(torch.utils.data.DataLoader.__init__)
 # torch's own frames, between a drop-in's warning and the user's line (its
 # constructor calls ours through super().__init__, its __iter__ our _get_iterator).
 machinery(os.path.dirname(os.path.abspath(torch.utils.data.__file__)) + os.sep)
-LOADINGS = ("auto", "threads", "processes")   # where a drop-in loads: its loading= argument
-
-
-def _check_loading(value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"loading must be 'auto', 'threads' or 'processes' (a str), got {value!r} "
-                        f"({type(value).__name__})")
-    if value not in LOADINGS:
-        raise ValueError(f"loading must be 'auto', 'threads' or 'processes', got loading={value!r}")
 
 
 _A_STREAM = ("for a generator or any other stream, subclass torch.utils.data.IterableDataset (its "
@@ -193,7 +185,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     _position: _Position | None = None       # the iterator made last, as state_dict() reads it
 
     def __init__(self, *args: Any, loading: str = "auto", **kwargs: Any) -> None:
-        _check_loading(loading)
+        check_loading(loading)
         self.loading = loading   # before torch's __init__, whose worker-count check reads it
         self._choice = Choice(loading)   # where its epochs load (_processes.py)
         try:

@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import multiprocessing
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Iterator, Optional
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from prefetch._framework import GILBoundWarning, Stats, warn_consumer
+from prefetch._framework import Stats, say_handover, start_method, unpicklable
 from prefetch.torch._sampler import decode_generator
 from prefetch.torch._torch import torch
 
@@ -59,44 +57,21 @@ class Choice:
         return not self.decided and loader.in_order and loader.num_workers > 0
 
 
-def start_method(loader: Any) -> str:
-    """The start method torch's workers would use: the loader's context's, else the process's."""
-    context = loader.multiprocessing_context
-    if context is not None:
-        return str(context.get_start_method())
-    # Not multiprocessing.get_start_method() without allow_none: that would fix the default.
-    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-
-
 def why_not_processes(loader: Any) -> Optional[str]:
     """Why torch's worker processes cannot run this loader's dataset; None where they can."""
-    method = start_method(loader)
+    method = start_method(loader.multiprocessing_context)
     if method == "fork":
         return None
-    try:
-        ForkingPickler.dumps((loader.dataset, loader.collate_fn, loader.worker_init_fn))
-    except Exception as exc:
-        return (f"its dataset, collate_fn or worker_init_fn cannot be pickled, as the {method!r} start method "
-                f"needs ({type(exc).__name__}: {exc})")
-    return None
+    return unpicklable("dataset, collate_fn or worker_init_fn",
+                       (loader.dataset, loader.collate_fn, loader.worker_init_fn), f"the {method!r} start method")
 
 
 def say(note: Any, loader: Any, reason: Optional[str]) -> None:
     """The one warning about the GIL notice ``note``: what the DataLoader does (at the user's line)."""
-    if reason is not None:
-        message = f"{note} It stays on threads: torch's worker processes cannot run it: {reason}."
-    else:
-        message = (f"DataLoader: its {note.threads} threads ran dataset[i] about {note.parallelism:.1f} at a time "
-                   f"({note.wait_share:.0%} of their time at work went to waiting for each other, on "
-                   f"{note.cpus} CPUs): dataset[i] holds the GIL (it runs Python code), so threads take turns. "
-                   f"It now loads with torch's own worker processes ({loader.num_workers}, start method "
-                   f"{start_method(loader)!r}), as torch.utils.data.DataLoader does: the same batches, order, "
-                   "seeds and state_dict(); the batches its threads opened come first. stats().loading shows "
-                   "it; loading='threads' keeps threads.")
-    warning = GILBoundWarning(message)
-    for name in ("parallelism", "wait_share", "threads", "cpus", "speedup"):
-        setattr(warning, name, getattr(note, name, None))
-    warn_consumer(warning, GILBoundWarning)   # type: ignore[arg-type]
+    say_handover(note, reason, framework="torch", loader="torch.utils.data.DataLoader",
+                 workers=0 if loader is None else loader.num_workers,
+                 method="" if loader is None else start_method(loader.multiprocessing_context),
+                 same="the same batches, order, seeds and state_dict()")
 
 
 class _Rest:

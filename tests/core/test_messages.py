@@ -104,6 +104,10 @@ MISTAKES = [
      ["len(dataset) must be an int >= 0", "Sized.__len__ returned 10.0 (float)"]),
     ("Loader(generator)", lambda ds: prefetch.Loader(_stream()), TypeError,
      ["dataset must have __getitem__ and __len__", "(generator)", "prefetch.map(fn, iterable)"]),
+    ("map(fn, it, num_workers=2)", lambda ds: prefetch.map(abs, range(4), num_workers=2), TypeError,
+     ["map() has no argument num_workers", "got num_workers=2", "pass workers=2"]),
+    ("map(fn, it, worker_init_fn=print)", lambda ds: prefetch.map(abs, range(4), worker_init_fn=print), TypeError,
+     ["map() has no argument worker_init_fn", "pass worker_init=<built-in function print>"]),
 ]
 
 
@@ -125,6 +129,8 @@ def test_a_constructor_mistake_is_refused_there_naming_it_and_the_fix(call, exc,
 def test_an_unknown_keyword_of_no_framework_keeps_pythons_message():
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         prefetch.Loader(Sized(), bogus=1)
+    with pytest.raises(TypeError, match=r"^map\(\) got an unexpected keyword argument 'bogus'$"):
+        prefetch.map(abs, range(4), bogus=1)
 
 
 @pytest.mark.parametrize("noun, said", [("int", "an int"), ("ndarray", "an ndarray"), ("NDArray", "an NDArray"),

@@ -36,10 +36,12 @@ def epochs(loader, n=2):
 
 
 def test_is_a_gluon_dataloader_with_its_signature():
+    """Gluon's, and loading= (keyword only, after Gluon's: no positional call changes)."""
     assert issubclass(DataLoader, GluonLoader) and prefetch.mx.DataLoader is DataLoader
     ours, theirs = inspect.signature(DataLoader), inspect.signature(GluonLoader)
     assert [(p.name, p.default, p.kind) for p in ours.parameters.values()] == \
-        [(p.name, p.default, p.kind) for p in theirs.parameters.values()]
+        [(p.name, p.default, p.kind) for p in theirs.parameters.values()] + \
+        [("loading", "auto", inspect.Parameter.KEYWORD_ONLY)]
 
 
 BAD_ARGUMENTS = [
