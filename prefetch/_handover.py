@@ -1,5 +1,5 @@
 """What the drop-ins' hand-over to their framework's own worker processes
-shares (prefetch/torch/_processes.py, prefetch/mx/_processes.py): the start
+shares (each adapter folder's _processes.py): the start
 method those processes would use, whether what they need pickles, and the
 one warning that says what the DataLoader did on the GIL notice and why.
 Framework-free: each drop-in names its framework and what stays the same.
