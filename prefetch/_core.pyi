@@ -34,7 +34,7 @@ class _Core:
     ended: bool
     state: str
     def __init__(self, stage: _Stage, *, depth: int, max_bytes: int, name: str,
-                 delivery: Any = ..., pool: _Pool, kind: str = ...) -> None: ...
+                 pool: _Pool, kind: str = ...) -> None: ...
     def start(self, on_thread: tuple[Callable[[], None], ...] = ...) -> None: ...
     def take(self, timeout: Optional[float] = ...) -> Any: ...
     def end_replaced(self) -> None: ...
@@ -63,17 +63,27 @@ class _MapEpoch(_Stage):
     order: list[int]
     streamed: list[tuple[int, Any]]
 
+class _StageHooks:
+    per_thread: Any
+    lookahead: int
+    go_on: bool
+    remedy: Optional[str]
+    gil_noticed: bool
+    on_notice: Optional[Callable[[Warning], None]]
+    stream: bool
+    def __init__(self, *, per_thread: Any = ..., lookahead: int = ..., go_on: bool = ...,
+                 remedy: Optional[str] = ..., gil_noticed: bool = ...,
+                 on_notice: Optional[Callable[[Warning], None]] = ..., stream: bool = ...) -> None: ...
+
+def assembly(mode: int, collate: Any, pool: _Pool, delivery: Any, name: str) -> Any: ...
+
 class _MapStage:
     threads: int
     seed: int
     gil_noticed: bool
-    def __init__(self, load: Optional[Callable[[Any], Any]], mode: int, collate: Any, pool: _Pool, name: str,
-                 worker_init: Any, seed: int, ordered: bool, depth: int,
-                 on_thread: tuple[Callable[[], None], ...] = ..., delivery: Any = ...,
-                 max_bytes: int = ..., auto: Optional[tuple[int, float]] = ...,
-                 *, per_thread: Optional[Callable[[int], Any]] = ...,
-                 lookahead: int = ..., go_on: bool = ..., remedy: Optional[str] = ...,
-                 gil_noticed: bool = ..., stream: bool = ...) -> None: ...
+    def __init__(self, load: Optional[Callable[[Any], Any]], asm: Any, options: Any, worker_init: Any,
+                 seed: int, on_thread: tuple[Callable[[], None], ...], auto: Optional[tuple[int, float]],
+                 hooks: _StageHooks) -> None: ...
     def start_epoch(self, batches: Any, epoch: int, n_keys: int, threads: int,
                     batch_rows: int, order: Any = ...,
                     following: Optional[tuple[Any, int, Iterator[list[Any]]]] = ...) -> _MapEpoch: ...

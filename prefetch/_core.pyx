@@ -68,6 +68,7 @@ include "_copy.pxi"
 include "_stage.pxi"
 include "_batchcopy.pxi"
 include "_fetch.pxi"
+include "_thread_context.pxi"
 include "_collate.pxi"
 include "_assemble.pxi"
 include "_stack.pxi"
@@ -138,7 +139,7 @@ cdef class _Publisher:
     publishes it. The consumer side, close() and stats are _Core's."""
 
     def __cinit__(self, _Stage stage not None, *, int depth, uint64_t max_bytes, name,
-                  delivery=None, _Pool pool not None, str kind="prefetcher"):
+                  _Pool pool not None, str kind="prefetcher"):
         global _live_cores
         cdef int rc = PF_OK
         _live_cores += 1
@@ -147,7 +148,6 @@ cdef class _Publisher:
         self._stage = stage
         self._parts = _Parts.__new__(_Parts)
         self._pool = pool
-        self._delivery = delivery
         self.name = name
         self.kind = kind
         self.depth = depth
@@ -182,6 +182,7 @@ cdef class _Publisher:
         cdef int got
         cdef _Stage stage = self._stage
         cdef _Parts parts = self._parts
+        delivery = stage.device()
         self._publisher_ident = threading.get_ident()
         _warn.relay_into(self._warnings)   # a source's warnings for the consumer (_warn.py)
         try:
@@ -194,11 +195,11 @@ cdef class _Publisher:
                     self._doing = DOING_STAGE
                     got = self._apply_thread_states() if self._on_thread else stage.produce(parts)
                     if got == P_BATCH:
-                        if self._delivery is not None:
+                        if delivery is not None:
                             self._doing = DOING_DELIVER
                             for i in parts.deliver:
-                                parts.leaves[i] = self._delivery.deliver(parts.leaves[i])
-                            self._delivery.ready()
+                                parts.leaves[i] = delivery.deliver(parts.leaves[i])
+                            delivery.ready()
                         self._doing = DOING_REBUILD
                         batch = _unflatten(parts.nodes, parts.leaves)
                 except BaseException as exc:
@@ -447,7 +448,7 @@ cdef class _Core(_Publisher):
         (Ctrl-C during the join) leaves the rest to the next close(). A thread
         still busy after ``grace`` s is warned about at ``at`` (filename, line:
         where a finalizer's prefetcher was created), else at the user's line.
-        The pool and the device delivery belong to the owner, closed by it."""
+        The pool and the device delivery are not the core's: their holders close them."""
         if self._torn_down:
             return
         self.closed = True

@@ -75,6 +75,52 @@ cdef class _EpochBatches:
         self.pending[b.k] = b
         self.next_k = b.k + 1
 
+    cdef _Batch next_complete(self, bint ordered):
+        """The batch to hand out next, if it is complete: the next in order, or
+        (ordered=False) the lowest complete one."""
+        cdef _Batch b = None
+        if ordered:
+            found = self.pending.get(self.taken)
+            return <_Batch>found if found is not None and (<_Batch>found).complete else None
+        for found in self.pending.values():
+            # A batch at or past stop_k had rows skipped (an earlier one failed): never handed out.
+            if ((<_Batch>found).complete and (<_Batch>found).k < self.stop_k
+                    and (b is None or (<_Batch>found).k < b.k)):
+                b = <_Batch>found
+        return b
+
+    cdef void take(self, _Batch b):
+        """``b`` is handed out (or, a stream's hole, let go)."""
+        del self.pending[b.k]
+        self.taken += 1
+
+    cdef void stop_at_taken(self):
+        """A failed batch was handed out: none after it is."""
+        self.stop_k = min(self.stop_k, self.taken)
+
+    cdef bint at_end(self):
+        """Every batch it will hand out was handed out."""
+        return self.exhausted and not self.pending or self.stop_k <= self.taken
+
+    cdef object take_failure(self):
+        """Its error, or None; handed on once and not kept: the stage outlives
+        the consumer's frames, which the error's traceback holds."""
+        failure, self.failure = self.failure, None
+        return failure
+
+    cdef void fill(self, _Batch slot, _Batch b):
+        """A stream's ``slot`` was read: ``b``, its rows, takes its place and its bytes."""
+        b.held = slot.held
+        self.pending[slot.k] = b
+
+    cdef void leave_hole(self, _Batch slot, failure, bint stop):
+        """A stream's ``slot`` has no rows: its worker ended, or failed with
+        ``failure`` (the slot's error; with ``stop``, no batch after it opens)."""
+        slot.failure = failure
+        slot.complete = True
+        if failure is not None and stop:
+            self.stop_after(slot)
+
     cdef void fail(self, exc, Py_ssize_t k):
         """It ends with ``exc`` after its batches before ``k``."""
         self.failure = exc

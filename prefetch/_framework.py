@@ -121,8 +121,8 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
             # batches): what the resume state records and checks.
             self.batch_size = said_batch_size
 
-    def _stage_hooks(self) -> dict[str, Any]:
-        return dict(self._hooks)
+    def _stage_hooks(self, **given: Any) -> Any:
+        return super()._stage_hooks(**self._hooks, **given)
 
     # The drop-in's part of the resume state (its framework's name under
     # "name"): saved with the Loader's, and a state without it refused.

@@ -126,7 +126,7 @@ class Prefetcher(_Lifecycle, Generic[T]):
     def _start(self, iterator: Iterator[T]) -> None:
         o = self._options
         stage = _fetch_stage(iterator, self._copy, o.name)
-        self._install(_Core(stage, delivery=self._delivery, pool=self._pool, **o.core()),
+        self._install(_Core(stage, pool=self._pool, **o.core()),
                       self._thread_states)
 
     def __iter__(self) -> "Prefetcher[T]":

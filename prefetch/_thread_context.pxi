@@ -1,0 +1,78 @@
+# _thread_context.pxi (included by _core.pyx): a loader thread's context.
+#
+# Each loader thread has one _ThreadContext, made by the thread itself
+# (_threads.pxi) and passed to every call of the stage and the assembly that
+# needs to know the thread: its number, its WorkerInfo, the sample it loads,
+# its batch copy. sample_rng() and worker_info() are public functions the
+# user calls from dataset[i] with no argument, so they alone find the context
+# through one thread-local, which the context sets as its thread starts and
+# clears as it ends; nothing else reads or writes it.
+
+cdef object _current = threading.local()   # .context: the calling loader thread's _ThreadContext
+
+
+cdef class _ThreadContext:
+    """One loader thread's context: made and used by that thread alone."""
+
+    def __cinit__(self, work, int wid):
+        self.work = work
+        self.wid = wid
+
+    cdef void enter(self):
+        """The calling thread is this context's (sample_rng(), worker_info())."""
+        _current.context = self
+
+    cdef void leave(self):
+        _current.context = None
+        self.info = self.sample = self.copy = None
+
+    cdef _BatchCopy batch_copy(self, _Pool pool, delivery):
+        """The thread's batch copy (made on first use, freed with the thread):
+        no helper threads, the loader thread copies; the stage's keep policy,
+        not its own."""
+        if self.copy is None:
+            self.copy = _BatchCopy(pool, 1, True, delivery, 0)
+        return self.copy
+
+
+cdef _ThreadContext _calling_thread():
+    """The calling loader thread's context, or None on any other thread."""
+    return getattr(_current, "context", None)
+
+
+def sample_rng():
+    """A ``numpy.random.Generator`` for the sample being loaded: determined by
+    the loader's ``seed``, the epoch and the sample's index alone, whichever
+    thread runs it and however many there are.
+
+    Call it inside ``dataset[i]`` (or the function given to ``prefetch.map``);
+    anywhere else it raises ``RuntimeError``.
+    """
+    cdef _ThreadContext context = _calling_thread()
+    sample = None if context is None else context.sample
+    if sample is None:
+        raise RuntimeError("sample_rng() can only be called inside dataset[i] or map's function while a "
+                           "prefetch loader thread runs it; this thread is not loading a sample (to draw "
+                           "elsewhere, make a numpy.random.Generator of your own)")
+    seed, epoch, key = sample
+    if type(key) is not int:
+        # Any integer is an index (a numpy permutation as the sampler): its
+        # stream is the one of the same int. Not a bool.
+        try:
+            if isinstance(key, (bool, np.bool_)):
+                raise TypeError
+            key = operator.index(key)
+        except TypeError:
+            raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r} "
+                            f"({type(key).__name__})") from None
+    if key < 0:
+        raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r}")
+    # Philox is counter based: one key per (seed), and a counter whose high
+    # words are (index, epoch), so no two samples' streams overlap.
+    return np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, key, epoch]))
+
+
+def worker_info():
+    """The ``WorkerInfo`` of the loader thread calling it, or None elsewhere."""
+    cdef _ThreadContext context = _calling_thread()
+    return None if context is None else context.info
