@@ -214,20 +214,6 @@ cdef class _BatchCopy:
 
 
 @cython.final
-cdef class _ThreadContext:
-    # One loader thread's context (_thread_context.pxi): its thread alone uses it.
-    cdef readonly int wid          # its thread number
-    cdef object work               # the _ThreadWork it runs
-    cdef object info               # its WorkerInfo (worker_info()); None before its set-up
-    cdef object sample             # (seed, epoch, index) of the sample it loads (sample_rng()); None between
-    cdef _BatchCopy copy           # its batch copy (collate=f, no batching), made on first use
-
-    cdef void enter(self)
-    cdef void leave(self)
-    cdef _BatchCopy batch_copy(self, _Pool pool, delivery)
-
-
-@cython.final
 cdef class _FetchStage(_Stage):
     cdef object source             # the iterator; None once the publisher thread ended
     cdef _BatchCopy batch_copy
@@ -342,6 +328,26 @@ cdef class _OwnedBatch(_Batch):
     cdef uint64_t bytes_copied, leaves_copied, bytes_handed, leaves_handed   # ...its copy, for stats
 
 
+@cython.final
+cdef class _ThreadContext:
+    # One loader thread's context (_thread_context.pxi): its thread alone uses it.
+    cdef readonly int wid          # its thread number
+    cdef object work               # the _ThreadWork it runs
+    cdef object info               # its WorkerInfo (worker_info()); None before its set-up
+    cdef object sample             # (seed, epoch, index) of the sample it loads (sample_rng()); None between
+    cdef _BatchCopy copy           # its batch copy (collate=f, no batching), made on first use
+    # A stream's: its worker (prefetch/_streams.py), the batch it read last and that batch's next row.
+    cdef object reader
+    cdef _Batch filling
+    cdef Py_ssize_t filling_row
+
+    cdef void enter(self)
+    cdef void leave(self)
+    cdef _BatchCopy batch_copy(self, _Pool pool, delivery)
+    cdef tuple read_stream(self, Py_ssize_t epoch, Py_ssize_t workers, seed, name)
+    cdef void loads(self, Py_ssize_t epoch, index, seed, int workers)
+
+
 cdef class _Assembly:
     # What a map stage makes of each sample, one subclass per batching mode (_assemble.pxi).
     cdef _Pool pool
@@ -426,8 +432,8 @@ cdef class _EpochBatches:
     cdef void stop_at_taken(self)
     cdef bint at_end(self)
     cdef object take_failure(self)
-    cdef void fill(self, _Batch slot, _Batch b)
-    cdef void leave_hole(self, _Batch slot, failure, bint stop)
+    cdef _Batch slot_read(self, _Assembly asm, _Batch slot, int w, list keys, bint ended, part, failure,
+                          bint stop)
     cdef void fail(self, exc, Py_ssize_t k)
     cdef void drop(self)
     cdef uint64_t held(self)
@@ -515,9 +521,8 @@ cdef class _LoaderThreads:
     cdef void ensure(self, int n, _ThreadWork work) except *
     cdef void gone(self, int wid)
     cdef void busy(self, int wid, key, int64_t since)
-    cdef void waits(self, int wid)
     cdef void woken(self, int64_t now)
-    cdef int64_t runs(self, int wid, int64_t now)
+    cdef int64_t wait_for_work(self, int wid) except -1
     cdef int64_t at_work_ns(self, int64_t now)
     cdef tuple at_work(self)
     cdef str describe(self)
@@ -560,9 +565,6 @@ cdef class _MapStage(_ThreadWork):
     cdef _Epochs epochs            # the epochs, what opens when, the bounds (_epoch_batches.pxi)
     cdef bint closed
     cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); KEYS_ANY, KEYS_UNCHECKED: any key
-    # A stream's: per thread, the batch it fills and its next row.
-    cdef list filling
-    cdef list filling_row
     # counters (GIL held)
     cdef int64_t wait_ns           # the publisher's wait for batches, for the tuner
     cdef int64_t idle_ns           # threads waiting for room in the window or a new epoch (not
@@ -572,8 +574,6 @@ cdef class _MapStage(_ThreadWork):
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows)
     cdef _Batch _stream_row(self, _ThreadContext t, Py_ssize_t *row)
     cdef _Batch _read_slot(self, _ThreadContext t, _Batch slot)
-    cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes)
-    cdef void measure(self) except *
     cdef _open_batch(self)
     cdef _sized(self, _Batch b, uint64_t nbytes)
     cdef void _notify(self)
@@ -591,6 +591,8 @@ cdef class _MapEpoch(_Stage):
     # A stream's: (worker, its part) of each batch published, in the ring's
     # order: the first `consumed + failed` of them are those delivered.
     cdef readonly list streamed
+
+    cdef void _measure(self) except *
 
 
 cdef class _Publisher:

@@ -108,18 +108,25 @@ cdef class _EpochBatches:
         failure, self.failure = self.failure, None
         return failure
 
-    cdef void fill(self, _Batch slot, _Batch b):
-        """A stream's ``slot`` was read: ``b``, its rows, takes its place and its bytes."""
-        b.held = slot.held
+    cdef _Batch slot_read(self, _Assembly asm, _Batch slot, int w, list keys, bint ended, part, failure,
+                          bint stop):
+        """A stream's worker ``w`` read ``slot`` (``ended``: its stream then
+        ended): the batch of ``keys``, its rows, takes the slot's place with
+        its worker's ``part`` of the state, and is returned; no keys leave a
+        hole, with the stream's ``failure`` (``stop``: no batch after it opens)."""
+        cdef _Batch b
+        if ended:
+            self.end_worker(w)
+        if not keys:
+            slot.failure = failure
+            slot.complete = True
+            if failure is not None and stop:
+                self.stop_after(slot)
+            return None
+        b = asm.new_batch(slot.k, keys, slot.gen)
+        b.worker, b.part, b.held = w, part, slot.held
         self.pending[slot.k] = b
-
-    cdef void leave_hole(self, _Batch slot, failure, bint stop):
-        """A stream's ``slot`` has no rows: its worker ended, or failed with
-        ``failure`` (the slot's error; with ``stop``, no batch after it opens)."""
-        slot.failure = failure
-        slot.complete = True
-        if failure is not None and stop:
-            self.stop_after(slot)
+        return b
 
     cdef void fail(self, exc, Py_ssize_t k):
         """It ends with ``exc`` after its batches before ``k``."""

@@ -66,18 +66,14 @@ def assembly(int mode, collate, _Pool pool, delivery, name):
 
 @cython.final
 cdef class _MapStage(_ThreadWork):
-    """The threads, the epochs and the assembly of a Loader or map: the
-    loaders' side of _ThreadWork, and the calls the Loader makes."""
+    """A Loader's or map's threads, epochs and assembly: its _ThreadWork, and the Loader's calls."""
 
     def __cinit__(self, load, _Assembly asm, options, worker_init, seed, tuple on_thread, auto,
                   _StageHooks hooks not None):
-        """``asm``: what becomes of each sample (``assembly()``); ``options``:
-        the loader's Options (name, ordered, depth, max_bytes); ``on_thread``:
-        applied first on each thread; ``auto``: workers="auto"'s
-        (max_threads, cpus), _Tuner's; ``hooks``: a drop-in's, or a stream's."""
-        self.load, self.asm, self.worker_init, self.seed, self.on_thread = load, asm, worker_init, seed, on_thread
-        self.name, self.ordered, self.depth = options.name, options.ordered, options.depth
-        self.hooks = hooks
+        """``options``: the loader's Options; ``auto``: workers="auto"'s (max_threads, cpus)."""
+        self.load, self.asm, self.worker_init, self.seed = load, asm, worker_init, seed
+        self.on_thread = on_thread
+        self.name, self.ordered, self.depth, self.hooks = options.name, options.ordered, options.depth, hooks
         self._lock = threading.Lock()
         # Re-entrant: a signal handler may call close() while its thread holds it.
         self._cv = threading.Condition(threading.RLock())
@@ -85,19 +81,14 @@ cdef class _MapStage(_ThreadWork):
         self.epochs = _Epochs(options.max_bytes, hooks.lookahead)
         self.n_keys = KEYS_ANY
         self.gauge = _Gauge(self.name, hooks.remedy, hooks.gil_noticed)
-        if hooks.stream:
-            self.filling, self.filling_row = [None] * hooks.per_thread.count, [0] * hooks.per_thread.count
         if auto is not None:
             self.tuner = _Tuner(*auto)
 
-    # -- the Loader's calls (consumer side, GIL held) --------------------------
-
+    # The Loader's calls (consumer side, GIL held).
     def start_epoch(self, batches, Py_ssize_t epoch, Py_ssize_t n_keys, int threads,
                     Py_ssize_t batch_rows, order=None, following=None):
-        """Begins epoch ``epoch`` over ``batches`` (an iterator of lists of
-        keys) on ``threads`` threads (auto: as many as the last epoch ended
-        with); returns the stage of its _Core. ``order`` and ``following``:
-        see _Epochs.begin and set_keys."""
+        """Begins epoch ``epoch`` over ``batches`` (an iterator of key lists) on ``threads``
+        threads (auto: as the last epoch ended); returns its _Core's stage (_Epochs.begin, set_keys)."""
         cdef _EpochBatches e
         if self.tuner is not None:
             threads = max(self.target, 1)
@@ -129,23 +120,15 @@ cdef class _MapStage(_ThreadWork):
             self._notify()
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows):
-        """``threads`` threads claim work (more may be parked: workers="auto");
-        the missing ones are started. Called without _cv or _lock held (see
-        _LoaderThreads.ensure)."""
-        # Enough batches open for every thread to have a row, and one more
-        # so that a thread finishing a batch finds the next one open.
+        """``threads`` threads claim work (more may be parked: workers="auto"), the
+        missing ones started; without _cv or _lock held (_LoaderThreads.ensure)."""
+        # A row open for every thread, and a batch more that a thread finishing one finds open.
         self.epochs.window = (2 * threads if self.hooks.stream   # a slot per worker, and its next
                               else max(2, (threads + batch_rows - 1) // batch_rows + 1))
         self.asm.keep_batches = self.epochs.window + self.depth + 2   # open, in the ring, held by the user
         self.target = threads
         self.rows = batch_rows
         self.crew.ensure(threads, self)
-
-    def abandon(self, _EpochBatches e):
-        """Epoch ``e`` ends early (its core closes): its work is dropped, not the next epoch's."""
-        with self._cv:
-            self.epochs.abandon(e)
-            self._notify()
 
     def close(self, double grace=CLOSE_GRACE_S):
         """Stops and joins every thread (at most ``grace`` s in all); idempotent."""
@@ -163,61 +146,27 @@ cdef class _MapStage(_ThreadWork):
                     **self.gauge.counts(), **self.asm.counts())
 
     @property
-    def threads(self):
-        """Thread numbers in use."""
+    def threads(self):   # thread numbers in use
         return self.crew.count
 
     @property
-    def gil_noticed(self):
-        """The GIL notice was made (or given before this stage, gil_noticed=)."""
+    def gil_noticed(self):   # the GIL notice was made (or given before this stage)
         return self.gauge.noticed
 
-    def describe(self):
-        """What the threads are doing, for a TimeoutError."""
-        return "waiting for its loader threads: " + self.crew.describe()
-
-    cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes):
-        """The consumer took a batch of epoch ``e``: no longer held ahead."""
-        with self._cv:
-            self.epochs.ahead.consumed(e is self.epochs.now, nbytes)
-            self._notify()
-
-    cdef void measure(self) except *:
-        """After each batch taken: the gauge's window, then the tuner's, which
-        reads the gauge's verdict on it; a new thread count starts new ones."""
-        cdef int threads
-        cdef int64_t now = pf_now_ns()
-        cdef _LoaderThreads crew = self.crew
-        if self.gauge.due(now) or self.tuner is not None and self.tuner.due(now):
-            self.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, self.target,
-                                   crew.at_work())
-        if self.tuner is None:
-            return
-        threads = self.tuner.after_batch(self.target, self.samples, self.wait_ns, self.gauge)
-        if threads != self.target:
-            self._set_threads(threads, self.rows)
-            with self._cv:
-                self._notify()   # parked threads' turn
-            now = pf_now_ns()
-            self.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, threads,
-                                   crew.at_work())
-
-    # -- the loader threads' work (_ThreadWork) ---------------------------------
-
+    # The loader threads' work (_ThreadWork).
     cdef object thread_load(self, _ThreadContext t):
-        cdef int wid = t.wid
-        load, per_thread = self.load, self.hooks.per_thread
-        t.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch)
+        per_thread = self.hooks.per_thread
+        t.info = WorkerInfo(t.wid, self.target, self.seed, self.epochs.now.epoch)
         for apply in self.on_thread:
             apply()
-        if self.hooks.stream:
-            reader = per_thread(wid)   # this thread's worker of the stream
-            load = reader.sample
-            t.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch, reader.dataset)
-        elif per_thread is not None:
-            load = per_thread(wid)   # this thread's own dataset, before worker_init
+        if self.hooks.stream:   # this thread's worker of the stream
+            t.reader = per_thread(t.wid)
+            t.info = WorkerInfo(t.wid, self.target, self.seed, t.info.epoch, t.reader.dataset)
+        # its worker's, or this thread's own dataset's (made before worker_init)
+        load = (t.reader.sample if t.reader is not None else self.load if per_thread is None
+                else per_thread(t.wid))
         if self.worker_init is not None:
-            self.worker_init(wid)
+            self.worker_init(t.wid)
         return load
 
     cdef void thread_failed(self, _ThreadContext t, exc) except *:
@@ -227,20 +176,18 @@ cdef class _MapStage(_ThreadWork):
         now.fail(exc, now.taken)
 
     cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row):
-        """The batch and row this thread loads next, in sampler order (a
-        stream's: of its worker's batches); None once closed. A thread
-        numbered past the target count waits (parked)."""
+        """The batch and row this thread loads next, in sampler order (a stream's: of its
+        worker's batches); None once closed. A thread past the target count is parked."""
         cdef _Batch b
         cdef int64_t t0, ready
         cdef _Epochs epochs = self.epochs
-        cdef int wid = t.wid
         cdef bint stream = self.hooks.stream
         while True:
             if self.closed:
                 return None
-            if wid >= self.target:
+            if t.wid >= self.target:
                 with self._cv:
-                    if not self.closed and wid >= self.target:
+                    if not self.closed and t.wid >= self.target:
                         self._cv.wait(WAIT_SLICE_S)
                 continue
             b = self._stream_row(t, row) if stream else epochs.claim_row(row)
@@ -253,72 +200,40 @@ cdef class _MapStage(_ThreadWork):
             ready = 0
             with self._cv:
                 if not self.closed and epochs.to_open() is None and not (
-                        epochs.now.slot_of(wid) is not None if stream else epochs.has_rows()):
-                    self.crew.waits(wid)
-                    try:
-                        self._cv.wait(WAIT_SLICE_S)
-                    finally:
-                        ready = self.crew.runs(wid, pf_now_ns())
+                        epochs.now.slot_of(t.wid) is not None if stream else epochs.has_rows()):
+                    ready = self.crew.wait_for_work(t.wid)
             self.idle_ns += pf_now_ns() - t0 - ready
 
     cdef _Batch _stream_row(self, _ThreadContext t, Py_ssize_t *row):
-        """A stream's: the next row of the batch this thread's worker read
-        last, else of the one it reads into its next slot; None where it has
-        none (or left a hole)."""
-        cdef int wid = t.wid
-        cdef _Batch b = self.filling[wid]
-        if b is None or self.filling_row[wid] >= b.n or self.epochs.epoch_of(b) is None:
-            slot = self.epochs.now.slot_of(wid)
-            b = self.filling[wid] = None if slot is None else self._read_slot(t, slot)
-            self.filling_row[wid] = 0
+        """A stream's: the next row of the batch this thread's worker read last, else of
+        the one it reads into its next slot; None where it has none (or left a hole)."""
+        cdef _Batch b = t.filling
+        if b is None or t.filling_row >= b.n or self.epochs.epoch_of(b) is None:
+            slot = self.epochs.now.slot_of(t.wid)
+            b = t.filling = None if slot is None else self._read_slot(t, slot)
+            t.filling_row = 0
             if b is None:
                 return None
-        row[0] = self.filling_row[wid]
-        self.filling_row[wid] += 1
+        row[0] = t.filling_row
+        t.filling_row += 1
         return b
 
     cdef _Batch _read_slot(self, _ThreadContext t, _Batch slot):
-        """Worker ``wid`` reads the samples of ``slot`` from its stream: the
-        batch of those rows, returned, takes the slot's place; none (its
-        stream had ended) leaves a hole; an error of the stream is the
-        slot's, and the worker's end."""
+        """Worker ``t`` reads ``slot``'s samples from its stream: their batch takes its place;
+        none (its stream ended) leave a hole; the stream's error is the slot's and its end."""
         cdef _EpochBatches e = self.epochs.now
         cdef _Batch b = None
-        cdef int64_t t0
-        cdef int wid = t.wid
-        reader = self.hooks.per_thread.made[wid]
-        keys = None
-        failure = None
-        ended = e.ended[wid]
-        if not ended:
-            t0 = pf_now_ns()
-            self.crew.busy(wid, f"the stream's batch {slot.k + 1}", t0)
-            try:
-                reader.start(e.epoch)
-                # sample_rng()'s index: worker w's batch j is the (j * workers + w)th,
-                # whenever the other workers end
-                t.sample = (self.seed, e.epoch, reader.batches * len(e.ended) + wid)
-                keys, ended = reader.read()
-            except BaseException as exc:
-                failure = _stop_as_error(exc, "the stream")
-                _note_batch(failure, f"in loader thread {self.name}-w{wid}",
-                            f"reading {{batch}} of worker {wid}'s stream", reader.batches + 1)
-                exc = None
-            self.crew.busy(wid, None, 0)
+        cdef int64_t t0 = pf_now_ns()
+        keys, ended, failure = None, True, None
+        if not e.ended[t.wid]:
+            self.crew.busy(t.wid, f"the stream's batch {slot.k + 1}", t0)
+            keys, ended, failure = t.read_stream(e.epoch, len(e.ended), self.seed, self.name)
+            self.crew.busy(t.wid, None, 0)
             self.crew.load_ns += pf_now_ns() - t0
-            t.sample = None
         with self._cv:
             if self.epochs.epoch_of(slot) is not e:
                 return None   # dropped meanwhile
-            if ended or failure is not None:
-                e.end_worker(wid)
-            if keys:
-                b = self.asm.new_batch(slot.k, keys, slot.gen)
-                b.worker = wid
-                b.part = reader.state
-                e.fill(slot, b)
-            else:
-                e.leave_hole(slot, failure, not self.hooks.go_on)
+            b = e.slot_read(self.asm, slot, t.wid, keys, ended, t.reader.state, failure, not self.hooks.go_on)
             self._notify()
         return b
 
@@ -326,20 +241,16 @@ cdef class _MapStage(_ThreadWork):
         cdef bint opened = False
         with self._lock:   # one thread reads the sampler at a time
             opened = self.epochs.open_next(self.asm, self.name)
-        if not opened or self.hooks.stream:
-            # The end of the keys, or an error (once this frame holds it no
-            # more); a stream's slot: its worker's thread may be waiting.
-            self.wake()
+        if not opened or self.hooks.stream:   # the end, an error (this frame holding it no
+            self.wake()                       # more), a stream's slot: its worker may wait
 
     cdef object key_of(self, _Batch b, Py_ssize_t row, _ThreadContext t):
         cdef _EpochBatches e = self.epochs.epoch_of(b)
         if e is None or b.k >= e.stop_k:
             return _SKIP
         key = b.keys[row]
-        if t.info.epoch != e.epoch:   # the next epoch's batches may open before it starts
-            t.info = WorkerInfo(t.wid, self.target, self.seed, e.epoch, t.info.dataset)
         # sample_rng's index: the dataset index, or the item's position for map
-        t.sample = (self.seed, e.epoch, b.k if self.n_keys == KEYS_ANY else key)
+        t.loads(e.epoch, b.k if self.n_keys == KEYS_ANY else key, self.seed, self.target)
         return key
 
     cdef void check_key(self, key) except *:
@@ -386,19 +297,16 @@ cdef class _MapStage(_ThreadWork):
             self._notify()
 
     cdef void _notify(self):
-        """Wakes every thread waiting on the condition (held). Where there is
-        work for them, the loader threads waiting for work are noted woken:
-        from now on they wait to run it (the gauge counts that wait; a thread
-        woken for nothing goes back to its wait)."""
+        """Wakes every thread waiting on the condition (held). Where there is work, the
+        threads waiting for it are noted woken: the gauge counts their wait to run it."""
         if self.epochs.has_rows() or self.epochs.to_open() is not None:
             self.crew.woken(pf_now_ns())
         self._cv.notify_all()
 
     cdef _sized(self, _Batch b, uint64_t nbytes):
-        """``b``'s size is known: its bytes replace the estimate held for it."""
+        """``b``'s size is known: its bytes replace the estimate held for it (no cap:
+        nothing to recount, nobody waits for room; no batching meets this per sample)."""
         if self.epochs.ahead.max_bytes == 0:
-            # No cap: nothing to recount and nobody waits for room in bytes (a
-            # batch_size=None loader or map meets this once per sample).
             b.held = nbytes
             return
         with self._cv:
@@ -447,7 +355,7 @@ cdef class _MapEpoch(_Stage):
             st.wait_ns += pf_now_ns() - t0
         e.take(b)
         st.wake()      # room in the window
-        st.measure()   # after: the gauge's probe watches the threads at work
+        self._measure()   # after: the gauge's probe watches the threads at work
         if b.worker >= 0:
             self.streamed.append((b.worker, b.part))
             b.part = None
@@ -465,9 +373,30 @@ cdef class _MapEpoch(_Stage):
         st.asm.hand(b, parts)
         return P_BATCH
 
+    cdef void _measure(self) except *:
+        """After each batch taken: the gauge's window, then the tuner's, which
+        reads the gauge's verdict on it; a new thread count starts new ones."""
+        cdef int threads
+        cdef int64_t now = pf_now_ns()
+        cdef _MapStage st = self.stage
+        cdef _LoaderThreads crew = st.crew
+        if st.gauge.due(now) or st.tuner is not None and st.tuner.due(now):
+            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, st.target, crew.at_work())
+        if st.tuner is None:
+            return
+        threads = st.tuner.after_batch(st.target, st.samples, st.wait_ns, st.gauge)
+        if threads != st.target:
+            st._set_threads(threads, st.rows)
+            st.wake()   # parked threads' turn
+            now = pf_now_ns()
+            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, threads, crew.at_work())
+
     cdef void taken(self, uint64_t nbytes):
-        if self.stage.epochs.ahead.bounded():
-            self.stage.taken_by_consumer(self.e, nbytes)
+        cdef _MapStage st = self.stage
+        if st.epochs.ahead.bounded():
+            with st._cv:   # no longer held ahead
+                st.epochs.ahead.consumed(self.e is st.epochs.now, nbytes)
+                st._notify()
 
     cdef int before_take(self) except -1:
         note = self.stage.gauge.take_notice()
@@ -485,10 +414,13 @@ cdef class _MapEpoch(_Stage):
         return self.stage.asm.delivery
 
     def stop(self):
-        self.stage.abandon(self.e)
+        """Its core closes: its work is dropped, not the next epoch's."""
+        with self.stage._cv:
+            self.stage.epochs.abandon(self.e)
+            self.stage._notify()
 
     def doing(self):
-        return self.stage.describe()
+        return "waiting for its loader threads: " + self.stage.crew.describe()
 
     def counts(self):
         return self.stage.stats()

@@ -24,7 +24,7 @@ cdef class _ThreadContext:
 
     cdef void leave(self):
         _current.context = None
-        self.info = self.sample = self.copy = None
+        self.info = self.sample = self.copy = self.reader = self.filling = None
 
     cdef _BatchCopy batch_copy(self, _Pool pool, delivery):
         """The thread's batch copy (made on first use, freed with the thread):
@@ -33,6 +33,32 @@ cdef class _ThreadContext:
         if self.copy is None:
             self.copy = _BatchCopy(pool, 1, True, delivery, 0)
         return self.copy
+
+    cdef void loads(self, Py_ssize_t epoch, index, seed, int workers):
+        """It loads sample ``index`` of ``epoch`` next (sample_rng()'s
+        index); the next epoch's batches may open before it starts."""
+        if self.info.epoch != epoch:
+            self.info = WorkerInfo(self.wid, workers, seed, epoch, self.info.dataset)
+        self.sample = (seed, epoch, index)
+
+    cdef tuple read_stream(self, Py_ssize_t epoch, Py_ssize_t workers, seed, name):
+        """Its worker reads its next batch of the stream in epoch ``epoch``:
+        (its rows, whether the stream ended, the stream's error or None)."""
+        reader = self.reader
+        try:
+            reader.start(epoch)
+            # sample_rng()'s index: worker w's batch j is the (j * workers + w)th,
+            # whenever the other workers end
+            self.sample = (seed, epoch, reader.batches * workers + self.wid)
+            keys, ended = reader.read()
+            return keys, ended, None
+        except BaseException as exc:
+            failure = _stop_as_error(exc, "the stream")
+            _note_batch(failure, f"in loader thread {name}-w{self.wid}",
+                        f"reading {{batch}} of worker {self.wid}'s stream", reader.batches + 1)
+            return None, True, failure
+        finally:
+            self.sample = None
 
 
 cdef _ThreadContext _calling_thread():

@@ -182,9 +182,21 @@ cdef class _LoaderThreads:
     # per batch, not per sample, and are never inside load() together; the
     # gauge counts this wait as time at work, so that it sees them queue.
 
-    cdef void waits(self, int wid):
-        """Thread ``wid`` waits for work (under the condition, before its wait)."""
+    cdef int64_t wait_for_work(self, int wid) except -1:
+        """Thread ``wid`` waits for work a slice (the condition held): the time
+        it then waited to run since woken (0: its wait timed out)."""
+        cdef int64_t since
         self.woken_at[wid] = WAITING
+        try:
+            self._cv.wait(WAIT_SLICE_S)
+        finally:
+            since = self.woken_at[wid]
+            self.woken_at[wid] = 0
+        if since <= 0:
+            return 0
+        since = pf_now_ns() - since
+        self.ready_ns += since
+        return since
 
     cdef void woken(self, int64_t now):
         """The condition is notified at ``now`` (under it): the threads waiting for work wake."""
@@ -192,16 +204,6 @@ cdef class _LoaderThreads:
         for w in range(self.count):
             if self.woken_at[w] == WAITING:
                 self.woken_at[w] = now
-
-    cdef int64_t runs(self, int wid, int64_t now):
-        """Thread ``wid`` is back from its wait, running at ``now``: the time
-        it waited to run since woken (0: its wait timed out)."""
-        cdef int64_t since = self.woken_at[wid]
-        self.woken_at[wid] = 0
-        if since <= 0:
-            return 0
-        self.ready_ns += now - since
-        return now - since
 
     cdef int64_t at_work_ns(self, int64_t now):
         """The threads' time at work so far, summed: inside load(), or woken
