@@ -15,8 +15,9 @@
 # only, but hand() (the publisher); GIL held.
 
 
-cdef _Assembly _assembly_for(int mode, collate, _Pool pool, delivery, name):
-    """The assembly of a batching mode (a MapMode): the one place that reads it."""
+def assembly(int mode, collate, _Pool pool, delivery, name):
+    """The assembly of a batching mode (a MapMode: the one place that reads
+    it); it holds the loader's device ``delivery`` and closes it."""
     if mode == M_STACK:
         return _StackAssembly(pool, name, collate, delivery)
     if mode == M_CUSTOM:

@@ -533,7 +533,7 @@ cdef class _LoaderThreads:
 cdef class _StageHooks:
     # What a drop-in gives its map stage (prefetch/_framework.py), or a stream
     # (prefetch/_streams.py); a Loader's own: none (_map.pxi).
-    cdef readonly object per_thread     # worker_id -> that thread's load (a dataset of its own);
+    cdef readonly object per_thread     # worker_id -> that thread's dataset (a copy of its own);
                                         # a stream's Workers: worker_id -> its worker; or None
     cdef readonly Py_ssize_t lookahead  # batches opened and not yet consumed, at most; 0: no cap
     cdef readonly bint go_on            # a failed batch is its own error; the epoch goes on

@@ -35,16 +35,11 @@ cdef enum:
 
 cdef _check_key(key, Py_ssize_t n_keys):
     """``key`` is a dataset index: an int (or a numpy or framework integer) in [0, n_keys)."""
-    if isinstance(key, bool) or not isinstance(key, int):
-        try:
-            if isinstance(key, np.bool_):
-                # numpy < 2.3 only warns (DeprecationWarning) where 2.3 raises: one answer
-                raise TypeError
-            key = operator.index(key)   # a numpy or framework integer
-        except TypeError:
-            raise TypeError(f"the sampler yielded {key!r} ({type(key).__name__}); a sample index "
-                            "must be an int") from None
-    if not 0 <= key < n_keys:
+    index = _as_index(key)
+    if index is None:
+        raise TypeError(f"the sampler yielded {key!r} ({type(key).__name__}); a sample index "
+                        "must be an int")
+    if not 0 <= index < n_keys:
         raise IndexError(f"the sampler yielded index {key}, out of range for a dataset of length {n_keys}")
 
 
@@ -56,12 +51,6 @@ cdef class _StageHooks:
                   bint gil_noticed=False, on_notice=None, bint stream=False):
         self.per_thread, self.lookahead, self.go_on, self.remedy = per_thread, lookahead, go_on, remedy
         self.gil_noticed, self.on_notice, self.stream = gil_noticed, on_notice, stream
-
-
-def assembly(int mode, collate, _Pool pool, delivery, name):
-    """What a map stage makes of each sample: MAP_STACK, MAP_CUSTOM (``collate``)
-    or MAP_SINGLE; it holds the loader's device ``delivery`` and closes it."""
-    return _assembly_for(mode, collate, pool, delivery, name)
 
 
 @cython.final
@@ -164,7 +153,7 @@ cdef class _MapStage(_ThreadWork):
             t.info = WorkerInfo(t.wid, self.target, self.seed, t.info.epoch, t.reader.dataset)
         # its worker's, or this thread's own dataset's (made before worker_init)
         load = (t.reader.sample if t.reader is not None else self.load if per_thread is None
-                else per_thread(t.wid))
+                else per_thread(t.wid).__getitem__)
         if self.worker_init is not None:
             self.worker_init(t.wid)
         return load

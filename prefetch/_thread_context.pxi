@@ -66,6 +66,19 @@ cdef _ThreadContext _calling_thread():
     return getattr(_current, "context", None)
 
 
+cdef object _as_index(key):
+    """``key`` as an int where it is an integer (an int, a numpy or framework
+    integer; not a bool), else None."""
+    if type(key) is int:
+        return key
+    if isinstance(key, (bool, np.bool_)):
+        return None   # numpy < 2.3 only warns (DeprecationWarning) where 2.3 raises: one answer
+    try:
+        return operator.index(key)
+    except TypeError:
+        return None
+
+
 def sample_rng():
     """A ``numpy.random.Generator`` for the sample being loaded: determined by
     the loader's ``seed``, the epoch and the sample's index alone, whichever
@@ -81,21 +94,15 @@ def sample_rng():
                            "prefetch loader thread runs it; this thread is not loading a sample (to draw "
                            "elsewhere, make a numpy.random.Generator of your own)")
     seed, epoch, key = sample
-    if type(key) is not int:
-        # Any integer is an index (a numpy permutation as the sampler): its
-        # stream is the one of the same int. Not a bool.
-        try:
-            if isinstance(key, (bool, np.bool_)):
-                raise TypeError
-            key = operator.index(key)
-        except TypeError:
-            raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r} "
-                            f"({type(key).__name__})") from None
-    if key < 0:
-        raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r}")
+    # Any integer is an index (a numpy permutation as the sampler): its
+    # stream is the one of the same int.
+    index = _as_index(key)
+    if index is None or index < 0:
+        raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r} "
+                        f"({type(key).__name__})")
     # Philox is counter based: one key per (seed), and a counter whose high
     # words are (index, epoch), so no two samples' streams overlap.
-    return np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, key, epoch]))
+    return np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, index, epoch]))
 
 
 def worker_info():
