@@ -428,8 +428,7 @@ cdef class _EpochBatches:
     cdef list read_keys(self)
     cdef void add(self, _Batch b)
     cdef _Batch next_complete(self, bint ordered)
-    cdef void take(self, _Batch b)
-    cdef void stop_at_taken(self)
+    cdef void take(self, _Batch b, bint stop)
     cdef bint at_end(self)
     cdef object take_failure(self)
     cdef _Batch slot_read(self, _Assembly asm, _Batch slot, int w, list keys, bint ended, part, failure,
@@ -533,8 +532,7 @@ cdef class _LoaderThreads:
 cdef class _StageHooks:
     # What a drop-in gives its map stage (prefetch/_framework.py), or a stream
     # (prefetch/_streams.py); a Loader's own: none (_map.pxi).
-    cdef readonly object per_thread     # worker_id -> that thread's dataset (a copy of its own);
-                                        # a stream's Workers: worker_id -> its worker; or None
+    cdef readonly object per_thread     # worker_id -> its dataset (a copy), a stream's worker; or None
     cdef readonly Py_ssize_t lookahead  # batches opened and not yet consumed, at most; 0: no cap
     cdef readonly bint go_on            # a failed batch is its own error; the epoch goes on
     cdef readonly object remedy         # what the GIL notice names as the remedy, or None

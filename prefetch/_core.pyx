@@ -122,17 +122,6 @@ def _fork_epoch():
     return pf_fork_epoch()
 
 
-def _batch_copy(_Pool pool, int workers, bint handover, delivery, int depth):
-    """A Prefetcher's batch copy, shared by its epochs: ``workers`` threads
-    copy; the pool keeps blocks for ``depth`` batches ahead."""
-    return _BatchCopy(pool, workers, handover, delivery, depth + 2)
-
-
-def _fetch_stage(source, _BatchCopy batch_copy, name):
-    """The stage of a Prefetcher epoch: next(source), then ``batch_copy``."""
-    return _FetchStage(source, batch_copy, name)
-
-
 cdef class _Publisher:
     """The producer side of a _Core: the ring, its slots and the one publisher
     thread, which asks the stage for each batch, delivers it to the device and

@@ -89,14 +89,12 @@ cdef class _EpochBatches:
                 b = <_Batch>found
         return b
 
-    cdef void take(self, _Batch b):
-        """``b`` is handed out (or, a stream's hole, let go)."""
+    cdef void take(self, _Batch b, bint stop):
+        """``b`` is handed out (or, a stream's hole, let go); failed, with ``stop``: none after it is."""
         del self.pending[b.k]
         self.taken += 1
-
-    cdef void stop_at_taken(self):
-        """A failed batch was handed out: none after it is."""
-        self.stop_k = min(self.stop_k, self.taken)
+        if stop and b.failure is not None:
+            self.stop_k = min(self.stop_k, self.taken)
 
     cdef bint at_end(self):
         """Every batch it will hand out was handed out."""

@@ -13,9 +13,10 @@
 # is a _MapEpoch, the stage (_stage.pxi) of that epoch's _Core: the core's
 # publisher takes whole batches from it as parts; the loader threads never
 # touch the ring. The stage calls its parts and none calls it back: the
-# epochs and the bounds (_epoch_batches.pxi) open batches and say what may
-# open; the threads work against _ThreadWork, which the stage implements;
-# after each batch taken the stage asks the gauge (_gauge.pxi), then the
+# epochs and the bounds (_epoch_batches.pxi) open, complete, fail and hand
+# out batches and say what may open; each thread works against _ThreadWork,
+# which the stage implements, passing its context (_thread_context.pxi);
+# after each batch taken the epoch asks the gauge (_gauge.pxi), then the
 # tuner (_tune.pxi). Memory is bounded: batches open at most `window`
 # ahead of the last one taken, and with max_bytes, the bytes of the batches
 # open and those not yet taken by the consumer stay under it (one batch may
@@ -327,7 +328,7 @@ cdef class _MapEpoch(_Stage):
             b = e.next_complete(st.ordered)
             if b is not None and b.n == 0 and b.failure is None:
                 # A stream's hole (its worker had ended): its room is let go.
-                e.take(b)
+                e.take(b, False)
                 with st._cv:
                     st.epochs.ahead.consumed(True, b.held)
                     st._notify()
@@ -342,15 +343,13 @@ cdef class _MapEpoch(_Stage):
                 if e is st.epochs.now and not st.closed:
                     st._cv.wait(WAIT_SLICE_S)
             st.wait_ns += pf_now_ns() - t0
-        e.take(b)
+        e.take(b, not st.hooks.go_on)
         st.wake()      # room in the window
         self._measure()   # after: the gauge's probe watches the threads at work
         if b.worker >= 0:
             self.streamed.append((b.worker, b.part))
             b.part = None
         if b.failure is not None:
-            if not st.hooks.go_on:
-                e.stop_at_taken()
             # Handed on once, and not kept: the stage outlives the consumer's
             # frames, which the error's traceback holds.
             self.failure, b.failure = b.failure, None

@@ -1,12 +1,8 @@
-# _thread_context.pxi (included by _core.pyx): a loader thread's context.
-#
-# Each loader thread has one _ThreadContext, made by the thread itself
-# (_threads.pxi) and passed to every call of the stage and the assembly that
-# needs to know the thread: its number, its WorkerInfo, the sample it loads,
-# its batch copy. sample_rng() and worker_info() are public functions the
-# user calls from dataset[i] with no argument, so they alone find the context
-# through one thread-local, which the context sets as its thread starts and
-# clears as it ends; nothing else reads or writes it.
+# _thread_context.pxi (included by _core.pyx): a loader thread's context, made
+# by the thread (_threads.pxi) and passed to each call that needs the thread:
+# its number, WorkerInfo, sample, batch copy, stream worker. sample_rng() and
+# worker_info(), which the user calls from dataset[i] with no argument, alone
+# find it through one thread-local, set and cleared by the context itself.
 
 cdef object _current = threading.local()   # .context: the calling loader thread's _ThreadContext
 
