@@ -15,23 +15,14 @@
 # only, but hand() (the publisher); GIL held.
 
 
-cdef _Assembly _assembly_for(int mode, collate, _Pool pool, delivery, name):
-    """The assembly of a batching mode (a MapMode): the one place that reads it."""
+def assembly(int mode, collate, _Pool pool, delivery, name):
+    """The assembly of a batching mode (a MapMode: the one place that reads
+    it); it holds the loader's device ``delivery`` and closes it."""
     if mode == M_STACK:
-        return _StackAssembly(pool, name)
+        return _StackAssembly(pool, name, collate, delivery)
     if mode == M_CUSTOM:
         return _CustomAssembly(pool, name, collate, delivery)
     return _SingleAssembly(pool, name, collate, delivery)
-
-
-cdef _BatchCopy _thread_copy(_Pool pool, delivery):
-    """The calling loader thread's batch copy (made on first use, freed with the
-    thread): no helper threads, the loader thread copies; the stage's keep
-    policy, not its own."""
-    copy = getattr(_tls, "copy", None)
-    if copy is None:
-        copy = _tls.copy = _BatchCopy(pool, 1, True, delivery, 0)
-    return <_BatchCopy>copy
 
 
 cdef class _Batch:
@@ -48,20 +39,21 @@ cdef class _Batch:
 cdef class _Assembly:
     """What every mode's assembly offers its stage, and the pool's keep policy."""
 
-    def __cinit__(self, _Pool pool, name, *args):
+    def __cinit__(self, _Pool pool, name, collate, delivery):
         self.pool = pool
         self.name = name
+        self.delivery = delivery
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen):
         raise NotImplementedError
 
-    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample) except -2:
-        """Row ``row``'s ``sample``, on the thread that loaded it: ``b``'s bytes
+    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample, _ThreadContext t) except -2:
+        """Row ``row``'s ``sample``, on the thread ``t`` that loaded it: ``b``'s bytes
         once its size is known (a layout made, a copy made), else -1."""
         raise NotImplementedError
 
-    cdef int64_t finish(self, _Batch b) except -2:
-        """The last row of ``b`` is done (on that row's thread): as take_sample."""
+    cdef int64_t finish(self, _Batch b, _ThreadContext t) except -2:
+        """The last row of ``b`` is done (on that row's thread ``t``): as take_sample."""
         return -1
 
     cdef void hand(self, _Batch b, _Parts parts) except *:
@@ -77,7 +69,9 @@ cdef class _Assembly:
                     leaves_handed_over=0)
 
     def close(self):
-        """Once the threads are stopped."""
+        """Once the threads are stopped: the device delivery."""
+        if self.delivery is not None:
+            self.delivery.close()
 
     cdef void keep_for(self, size_t nbytes):
         """The pool keeps free blocks for ``keep_batches`` batches of up to
@@ -107,7 +101,6 @@ cdef class _OwningAssembly(_Assembly):
 
     def __cinit__(self, _Pool pool, name, collate, delivery):
         self.collate = collate
-        self.delivery = delivery
         self.closers = set()
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen):
@@ -136,15 +129,16 @@ cdef class _OwningAssembly(_Assembly):
         """The adapters' close hooks, each once."""
         while self.closers:
             self.closers.pop()()   # popped first: run once, even if interrupted
+        _Assembly.close(self)
 
-    cdef int64_t _own(self, object item, _OwnedBatch b) except -2:
+    cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2:
         """``item`` (a sample with no batching, or a collate result) copied, or
         handed over where only it holds its memory, into ``b.parts``, on the
         loader thread that made it, before that thread loads again; counted
         in stats once taken. Returns the batch's bytes. ``item`` is borrowed:
         the caller's variable is its one reference when the dataset (or
         collate) kept none."""
-        cdef _BatchCopy copy = _thread_copy(self.pool, self.delivery)
+        cdef _BatchCopy copy = t.batch_copy(self.pool, self.delivery)
         cdef CopyPlan plan = copy.plan
         cdef _Parts parts = _Parts.__new__(_Parts)
         cdef uint64_t copied
@@ -168,11 +162,11 @@ cdef class _OwningAssembly(_Assembly):
 cdef class _SingleAssembly(_OwningAssembly):
     """No batching: each sample (or collate(sample)) is a batch, copied at once."""
 
-    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample) except -2:
+    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample, _ThreadContext t) except -2:
         if self.collate is None:
-            return self._own(sample, <_OwnedBatch>b)   # borrowed: the thread's variable is its reference
+            return self._own(sample, <_OwnedBatch>b, t)   # borrowed: the thread's variable is its reference
         result = self.collate(sample)
-        return self._own(result, <_OwnedBatch>b)
+        return self._own(result, <_OwnedBatch>b, t)
 
 
 @cython.final
@@ -184,11 +178,11 @@ cdef class _CustomAssembly(_OwningAssembly):
         (<_OwnedBatch>b).samples = [None] * len(keys)
         return b
 
-    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample) except -2:
+    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample, _ThreadContext t) except -2:
         (<_OwnedBatch>b).samples[row] = sample
         return -1
 
-    cdef int64_t finish(self, _Batch batch) except -2:
+    cdef int64_t finish(self, _Batch batch, _ThreadContext t) except -2:
         """collate=f runs here, and its result is copied before the thread
         loads again: the batch's bytes (-1 where it failed)."""
         cdef _OwnedBatch b = <_OwnedBatch>batch
@@ -207,7 +201,7 @@ cdef class _CustomAssembly(_OwningAssembly):
         samples = None   # the result is then its only holder when collate built it afresh
         if b.failure is None:
             try:
-                nbytes = self._own(result, b)   # before this thread loads again
+                nbytes = self._own(result, b, t)   # before this thread loads again
             except BaseException as exc:
                 _note_batch(exc, f"in a thread of loader {self.name!r}", "copying the collate result of {batch}",
                             b.k + 1)

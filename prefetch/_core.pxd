@@ -1,6 +1,5 @@
 # Declarations for the compiled core: the C in csrc/ (no Python there) and the
-# layouts of the cdef classes of _core.pyx and the .pxi files it includes
-# (all but _tree.pxi's _Layout, declared where it is defined).
+# layouts of every cdef class of _core.pyx and the .pxi files it includes.
 # Every extern is nogil so it can be called inside `with nogil`.
 cimport cython
 cimport numpy as cnp
@@ -65,6 +64,14 @@ cdef extern from "pf_copy.h" nogil:
     void pf_copier_fini(pf_copier *c)
     void pf_copy_run(pf_copier *c, const pf_copy_job *jobs, size_t njobs)
     uint64_t pf_copier_live_threads()
+
+
+@cython.final
+cdef class _Layout:
+    # What a K_STATE type's instances hold besides their items (_tree.pxi).
+    cdef int base                  # a Base
+    cdef bint has_dict             # instances have a __dict__
+    cdef tuple slots               # the __slots__ entries (mangled names), base first
 
 
 cdef class _Block:
@@ -147,6 +154,7 @@ cdef class _Stage:
     cdef void taken(self, uint64_t nbytes)
     cdef int before_take(self) except -1
     cdef bint on_own_thread(self)
+    cdef object device(self)
 
 
 # -- the stages' parts (_errors, _collate, _batchcopy, _fetch, _assemble,
@@ -320,16 +328,38 @@ cdef class _OwnedBatch(_Batch):
     cdef uint64_t bytes_copied, leaves_copied, bytes_handed, leaves_handed   # ...its copy, for stats
 
 
+@cython.final
+cdef class _ThreadContext:
+    # One loader thread's context (_thread_context.pxi): its thread alone uses it.
+    cdef readonly int wid          # its thread number
+    cdef object work               # the _ThreadWork it runs
+    cdef object info               # its WorkerInfo (worker_info()); None before its set-up
+    cdef object sample             # (seed, epoch, index) of the sample it loads (sample_rng()); None between
+    cdef _BatchCopy copy           # its batch copy (collate=f, no batching), made on first use
+    # A stream's: its worker (prefetch/_streams.py), the batch it read last and that batch's next row.
+    cdef object reader
+    cdef _Batch filling
+    cdef Py_ssize_t filling_row
+
+    cdef void enter(self)
+    cdef void leave(self)
+    cdef _BatchCopy batch_copy(self, _Pool pool, delivery)
+    cdef tuple read_stream(self, Py_ssize_t epoch, Py_ssize_t workers, seed, name)
+    cdef void loads(self, Py_ssize_t epoch, index, seed, int workers)
+
+
 cdef class _Assembly:
     # What a map stage makes of each sample, one subclass per batching mode (_assemble.pxi).
     cdef _Pool pool
     cdef object name               # the loader's, for notes
+    cdef object delivery           # the loader's device Delivery, or None: its one holder, which
+                                   # closes it; the publisher delivers to it, adapters may copy there
     cdef size_t max_block_bytes    # the largest batch's pool blocks so far (the keep policy)
     cdef size_t keep_batches       # batches in flight the pool keeps blocks for (the stage sets it)
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen)
-    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample) except -2
-    cdef int64_t finish(self, _Batch b) except -2
+    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample, _ThreadContext t) except -2
+    cdef int64_t finish(self, _Batch b, _ThreadContext t) except -2
     cdef void hand(self, _Batch b, _Parts parts) except *
     cdef void new_epoch(self)
     cdef void keep_for(self, size_t nbytes)
@@ -343,22 +373,21 @@ cdef class _StackAssembly(_Assembly):
     cdef uint64_t bytes_collated
 
     cdef _settle(self, _StackBatch b, Py_ssize_t row, list nodes, list leaves, list ref, list cols,
-                 bint differs, object idx)
-    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why)
-    cdef _blame(self, _StackBatch b, Py_ssize_t row, why)
+                 bint differs, object idx, int wid)
+    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why, int wid)
+    cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid)
     cdef size_t _keep_blocks(self, list cols)
 
 
 cdef class _OwningAssembly(_Assembly):
     # collate=f and no batching: the thread copies what it hands on (_assemble.pxi).
     cdef object collate            # collate=f (no batching: applied to the one sample), or None
-    cdef object delivery           # the device's Delivery or None: adapters may copy straight there
     # the copies of the batches taken, per epoch as the core's counters (a
     # batch of the next epoch may be copied before that epoch starts)
     cdef uint64_t own_bytes_copied, own_leaves_copied, own_bytes_handed, own_leaves_handed
     cdef set closers               # close hooks of the leaf adapters those copies used
 
-    cdef int64_t _own(self, object item, _OwnedBatch b) except -2
+    cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2
 
 
 @cython.final
@@ -398,6 +427,12 @@ cdef class _EpochBatches:
     cdef bint adoptable(self, token)
     cdef list read_keys(self)
     cdef void add(self, _Batch b)
+    cdef _Batch next_complete(self, bint ordered)
+    cdef void take(self, _Batch b, bint stop)
+    cdef bint at_end(self)
+    cdef object take_failure(self)
+    cdef _Batch slot_read(self, _Assembly asm, _Batch slot, int w, list keys, bint ended, part, failure,
+                          bint stop)
     cdef void fail(self, exc, Py_ssize_t k)
     cdef void drop(self)
     cdef uint64_t held(self)
@@ -451,14 +486,14 @@ cdef class _Epochs:
 
 cdef class _ThreadWork:
     # What loader threads work for; the map stage implements it (_threads.pxi).
-    cdef object thread_load(self, int wid)
-    cdef void thread_failed(self, int wid, exc) except *
-    cdef _Batch claim(self, int wid, Py_ssize_t *row)
-    cdef object key_of(self, _Batch b, Py_ssize_t row, int wid)
+    cdef object thread_load(self, _ThreadContext t)
+    cdef void thread_failed(self, _ThreadContext t, exc) except *
+    cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row)
+    cdef object key_of(self, _Batch b, Py_ssize_t row, _ThreadContext t)
     cdef void check_key(self, key) except *
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what) except *
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, int wid, sample) except *
-    cdef void done(self, _Batch b) except *
+    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *
+    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *
+    cdef void done(self, _Batch b, _ThreadContext t) except *
     cdef void wake(self)
 
 
@@ -485,13 +520,25 @@ cdef class _LoaderThreads:
     cdef void ensure(self, int n, _ThreadWork work) except *
     cdef void gone(self, int wid)
     cdef void busy(self, int wid, key, int64_t since)
-    cdef void waits(self, int wid)
     cdef void woken(self, int64_t now)
-    cdef int64_t runs(self, int wid, int64_t now)
+    cdef int64_t wait_for_work(self, int wid) except -1
     cdef int64_t at_work_ns(self, int64_t now)
     cdef tuple at_work(self)
     cdef str describe(self)
     cdef void close(self, double grace) except *
+
+
+@cython.final
+cdef class _StageHooks:
+    # What a drop-in gives its map stage (prefetch/_framework.py), or a stream
+    # (prefetch/_streams.py); a Loader's own: none (_map.pxi).
+    cdef readonly object per_thread     # worker_id -> its dataset (a copy), a stream's worker; or None
+    cdef readonly Py_ssize_t lookahead  # batches opened and not yet consumed, at most; 0: no cap
+    cdef readonly bint go_on            # a failed batch is its own error; the epoch goes on
+    cdef readonly object remedy         # what the GIL notice names as the remedy, or None
+    cdef readonly bint gil_noticed      # the GIL notice was given already: not again
+    cdef readonly object on_notice      # note -> None: takes the GIL notice in place of the warning
+    cdef readonly bint stream           # per_thread gives each thread its worker of a stream
 
 
 @cython.final
@@ -501,11 +548,10 @@ cdef class _MapStage(_ThreadWork):
     cdef _Assembly asm             # what becomes of each sample (_assemble.pxi)
     cdef object name
     cdef object worker_init        # worker_id -> None, on each thread before its first sample
-    cdef object per_thread         # worker_id -> that thread's load (a dataset of its own), or None
+    cdef _StageHooks hooks         # a drop-in's (each thread's load, lookahead, ...), or a stream's
     cdef tuple on_thread           # applied on each thread first: the creator's framework modes
     cdef public object seed        # of sample_rng(); a resumed loader may adopt a saved one between epochs
     cdef bint ordered
-    cdef bint go_on                # a failed batch is its own error; the epoch goes on (framework loaders)
     cdef object _lock              # one thread reads the sampler at a time
     cdef object _cv                # the wake-ups: a batch complete, room, a new epoch, close
     cdef _LoaderThreads crew       # the threads (_threads.pxi)
@@ -513,16 +559,10 @@ cdef class _MapStage(_ThreadWork):
     cdef Py_ssize_t rows           # rows per batch, for the window
     cdef _Tuner tuner              # workers="auto"; None: a fixed count
     cdef _Gauge gauge              # do the threads run in parallel (_gauge.pxi)
-    cdef object on_notice          # note -> None: takes the GIL notice in place of the warning, or None
     cdef int depth                 # the ring's, for the pool's keep
     cdef _Epochs epochs            # the epochs, what opens when, the bounds (_epoch_batches.pxi)
     cdef bint closed
     cdef Py_ssize_t n_keys         # a key must be an int in [0, n_keys); KEYS_ANY, KEYS_UNCHECKED: any key
-    # A stream (per_thread gives each thread its worker, _streams.py), and per
-    # thread the batch it fills and its next row.
-    cdef bint stream
-    cdef list filling
-    cdef list filling_row
     # counters (GIL held)
     cdef int64_t wait_ns           # the publisher's wait for batches, for the tuner
     cdef int64_t idle_ns           # threads waiting for room in the window or a new epoch (not
@@ -530,10 +570,8 @@ cdef class _MapStage(_ThreadWork):
     cdef uint64_t samples
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows)
-    cdef _Batch _stream_row(self, int wid, Py_ssize_t *row)
-    cdef _Batch _read_slot(self, int wid, _Batch slot)
-    cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes)
-    cdef void measure(self) except *
+    cdef _Batch _stream_row(self, _ThreadContext t, Py_ssize_t *row)
+    cdef _Batch _read_slot(self, _ThreadContext t, _Batch slot)
     cdef _open_batch(self)
     cdef _sized(self, _Batch b, uint64_t nbytes)
     cdef void _notify(self)
@@ -552,7 +590,7 @@ cdef class _MapEpoch(_Stage):
     # order: the first `consumed + failed` of them are those delivered.
     cdef readonly list streamed
 
-    cdef _Batch _complete(self)
+    cdef void _measure(self) except *
 
 
 cdef class _Publisher:
@@ -563,7 +601,6 @@ cdef class _Publisher:
     cdef _Stage _stage             # what this core publishes from
     cdef _Parts _parts             # what the stage fills, reused per batch
     cdef object _pool              # the owner's _Pool: stats only (the owner closes it)
-    cdef object _delivery          # None or the device adapter's Delivery (the owner closes it)
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef unsigned _epoch           # pf_fork_epoch() at creation
     cdef list _slots               # depth entries: batch, _Failure or _END

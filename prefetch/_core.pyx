@@ -68,6 +68,7 @@ include "_copy.pxi"
 include "_stage.pxi"
 include "_batchcopy.pxi"
 include "_fetch.pxi"
+include "_thread_context.pxi"
 include "_collate.pxi"
 include "_assemble.pxi"
 include "_stack.pxi"
@@ -121,24 +122,13 @@ def _fork_epoch():
     return pf_fork_epoch()
 
 
-def _batch_copy(_Pool pool, int workers, bint handover, delivery, int depth):
-    """A Prefetcher's batch copy, shared by its epochs: ``workers`` threads
-    copy; the pool keeps blocks for ``depth`` batches ahead."""
-    return _BatchCopy(pool, workers, handover, delivery, depth + 2)
-
-
-def _fetch_stage(source, _BatchCopy batch_copy, name):
-    """The stage of a Prefetcher epoch: next(source), then ``batch_copy``."""
-    return _FetchStage(source, batch_copy, name)
-
-
 cdef class _Publisher:
     """The producer side of a _Core: the ring, its slots and the one publisher
     thread, which asks the stage for each batch, delivers it to the device and
     publishes it. The consumer side, close() and stats are _Core's."""
 
     def __cinit__(self, _Stage stage not None, *, int depth, uint64_t max_bytes, name,
-                  delivery=None, _Pool pool not None, str kind="prefetcher"):
+                  _Pool pool not None, str kind="prefetcher"):
         global _live_cores
         cdef int rc = PF_OK
         _live_cores += 1
@@ -147,7 +137,6 @@ cdef class _Publisher:
         self._stage = stage
         self._parts = _Parts.__new__(_Parts)
         self._pool = pool
-        self._delivery = delivery
         self.name = name
         self.kind = kind
         self.depth = depth
@@ -182,6 +171,7 @@ cdef class _Publisher:
         cdef int got
         cdef _Stage stage = self._stage
         cdef _Parts parts = self._parts
+        delivery = stage.device()
         self._publisher_ident = threading.get_ident()
         _warn.relay_into(self._warnings)   # a source's warnings for the consumer (_warn.py)
         try:
@@ -194,11 +184,11 @@ cdef class _Publisher:
                     self._doing = DOING_STAGE
                     got = self._apply_thread_states() if self._on_thread else stage.produce(parts)
                     if got == P_BATCH:
-                        if self._delivery is not None:
+                        if delivery is not None:
                             self._doing = DOING_DELIVER
                             for i in parts.deliver:
-                                parts.leaves[i] = self._delivery.deliver(parts.leaves[i])
-                            self._delivery.ready()
+                                parts.leaves[i] = delivery.deliver(parts.leaves[i])
+                            delivery.ready()
                         self._doing = DOING_REBUILD
                         batch = _unflatten(parts.nodes, parts.leaves)
                 except BaseException as exc:
@@ -447,7 +437,7 @@ cdef class _Core(_Publisher):
         (Ctrl-C during the join) leaves the rest to the next close(). A thread
         still busy after ``grace`` s is warned about at ``at`` (filename, line:
         where a finalizer's prefetcher was created), else at the user's line.
-        The pool and the device delivery belong to the owner, closed by it."""
+        The pool and the device delivery are not the core's: their holders close them."""
         if self._torn_down:
             return
         self.closed = True

@@ -75,6 +75,57 @@ cdef class _EpochBatches:
         self.pending[b.k] = b
         self.next_k = b.k + 1
 
+    cdef _Batch next_complete(self, bint ordered):
+        """The batch to hand out next, if it is complete: the next in order, or
+        (ordered=False) the lowest complete one."""
+        cdef _Batch b = None
+        if ordered:
+            found = self.pending.get(self.taken)
+            return <_Batch>found if found is not None and (<_Batch>found).complete else None
+        for found in self.pending.values():
+            # A batch at or past stop_k had rows skipped (an earlier one failed): never handed out.
+            if ((<_Batch>found).complete and (<_Batch>found).k < self.stop_k
+                    and (b is None or (<_Batch>found).k < b.k)):
+                b = <_Batch>found
+        return b
+
+    cdef void take(self, _Batch b, bint stop):
+        """``b`` is handed out (or, a stream's hole, let go); failed, with ``stop``: none after it is."""
+        del self.pending[b.k]
+        self.taken += 1
+        if stop and b.failure is not None:
+            self.stop_k = min(self.stop_k, self.taken)
+
+    cdef bint at_end(self):
+        """Every batch it will hand out was handed out."""
+        return self.exhausted and not self.pending or self.stop_k <= self.taken
+
+    cdef object take_failure(self):
+        """Its error, or None; handed on once and not kept: the stage outlives
+        the consumer's frames, which the error's traceback holds."""
+        failure, self.failure = self.failure, None
+        return failure
+
+    cdef _Batch slot_read(self, _Assembly asm, _Batch slot, int w, list keys, bint ended, part, failure,
+                          bint stop):
+        """A stream's worker ``w`` read ``slot`` (``ended``: its stream then
+        ended): the batch of ``keys``, its rows, takes the slot's place with
+        its worker's ``part`` of the state, and is returned; no keys leave a
+        hole, with the stream's ``failure`` (``stop``: no batch after it opens)."""
+        cdef _Batch b
+        if ended:
+            self.end_worker(w)
+        if not keys:
+            slot.failure = failure
+            slot.complete = True
+            if failure is not None and stop:
+                self.stop_after(slot)
+            return None
+        b = asm.new_batch(slot.k, keys, slot.gen)
+        b.worker, b.part, b.held = w, part, slot.held
+        self.pending[slot.k] = b
+        return b
+
     cdef void fail(self, exc, Py_ssize_t k):
         """It ends with ``exc`` after its batches before ``k``."""
         self.failure = exc

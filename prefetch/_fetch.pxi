@@ -30,6 +30,9 @@ cdef class _FetchStage(_Stage):
         batch_copy.new_epoch()
         self._fork_epoch = pf_fork_epoch()
 
+    cdef object device(self):
+        return self.batch_copy.plan.device
+
     cdef int produce(self, _Parts parts) except -1:
         self._doing = F_NEXT
         try:

@@ -21,6 +21,7 @@ points to the framework's own process loader.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
@@ -61,22 +62,6 @@ __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Op
            "try_state", "unpicklable", "warn_at_user", "warn_consumer"]
 
 
-class _ThreadLoad:
-    """A map stage's per-thread hook: called once on each loader thread
-    (before ``worker_init``), it gives that thread's ``load``, the
-    ``__getitem__`` of ``per_thread(dataset, worker_id)``. It holds no
-    reference to the loader, which the threads must not keep alive."""
-
-    __slots__ = ("per_thread", "dataset")
-
-    def __init__(self, per_thread: Callable[[Any, int], Any], dataset: Any) -> None:
-        self.per_thread = per_thread
-        self.dataset = dataset
-
-    def __call__(self, worker_id: int) -> Callable[[Any], Any]:
-        return self.per_thread(self.dataset, worker_id).__getitem__  # type: ignore[no-any-return]
-
-
 def _remedy(framework_loader: str) -> str:
     return f"{framework_loader} (processes), wrapped in prefetch.Prefetcher to keep the same batch guarantees"
 
@@ -114,7 +99,8 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
         self._replicate = per_thread if stream else None
         self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
                            on_notice=on_notice,
-                           per_thread=None if per_thread is None or stream else _ThreadLoad(per_thread, dataset))
+                           # each thread's dataset; a partial: the threads keep no loader alive
+                           per_thread=None if per_thread is None or stream else functools.partial(per_thread, dataset))
         self._framework = framework
         self._order_given = order
         super().__init__(dataset, **kwargs)
@@ -123,8 +109,8 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
             # batches): what the resume state records and checks.
             self.batch_size = said_batch_size
 
-    def _stage_hooks(self) -> dict[str, Any]:
-        return dict(self._hooks)
+    def _stage_hooks(self, **given: Any) -> Any:
+        return super()._stage_hooks(**self._hooks, **given)
 
     # The drop-in's part of the resume state (its framework's name under
     # "name"): saved with the Loader's, and a state without it refused.

@@ -13,9 +13,10 @@
 # is a _MapEpoch, the stage (_stage.pxi) of that epoch's _Core: the core's
 # publisher takes whole batches from it as parts; the loader threads never
 # touch the ring. The stage calls its parts and none calls it back: the
-# epochs and the bounds (_epoch_batches.pxi) open batches and say what may
-# open; the threads work against _ThreadWork, which the stage implements;
-# after each batch taken the stage asks the gauge (_gauge.pxi), then the
+# epochs and the bounds (_epoch_batches.pxi) open, complete, fail and hand
+# out batches and say what may open; each thread works against _ThreadWork,
+# which the stage implements, passing its context (_thread_context.pxi);
+# after each batch taken the epoch asks the gauge (_gauge.pxi), then the
 # tuner (_tune.pxi). Memory is bounded: batches open at most `window`
 # ahead of the last one taken, and with max_bytes, the bytes of the batches
 # open and those not yet taken by the consumer stay under it (one batch may
@@ -31,113 +32,58 @@ cdef enum:
     KEYS_ANY = -1          # prefetch.map's items; sample_rng()'s index is the item's position
     KEYS_UNCHECKED = -2    # a framework loader's sampler: any index object goes to load() as
                            # its own __getitem__ takes it; sample_rng()'s index is the key
-cdef object _tls = threading.local()   # per loader thread: .info (WorkerInfo), .sample, .stage
-
-
-def sample_rng():
-    """A ``numpy.random.Generator`` for the sample being loaded: determined by
-    the loader's ``seed``, the epoch and the sample's index alone, whichever
-    thread runs it and however many there are.
-
-    Call it inside ``dataset[i]`` (or the function given to ``prefetch.map``);
-    anywhere else it raises ``RuntimeError``.
-    """
-    sample = getattr(_tls, "sample", None)
-    if sample is None:
-        raise RuntimeError("sample_rng() can only be called inside dataset[i] or map's function while a "
-                           "prefetch loader thread runs it; this thread is not loading a sample (to draw "
-                           "elsewhere, make a numpy.random.Generator of your own)")
-    seed, epoch, key = sample
-    if type(key) is not int:
-        # Any integer is an index (a numpy permutation as the sampler): its
-        # stream is the one of the same int. Not a bool.
-        try:
-            if isinstance(key, (bool, np.bool_)):
-                raise TypeError
-            key = operator.index(key)
-        except TypeError:
-            raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r} "
-                            f"({type(key).__name__})") from None
-    if key < 0:
-        raise TypeError(f"sample_rng() needs a non-negative int sample index, got {key!r}")
-    # Philox is counter based: one key per (seed), and a counter whose high
-    # words are (index, epoch), so no two samples' streams overlap.
-    return np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, key, epoch]))
 
 
 cdef _check_key(key, Py_ssize_t n_keys):
     """``key`` is a dataset index: an int (or a numpy or framework integer) in [0, n_keys)."""
-    if isinstance(key, bool) or not isinstance(key, int):
-        try:
-            if isinstance(key, np.bool_):
-                # numpy < 2.3 only warns (DeprecationWarning) where 2.3 raises: one answer
-                raise TypeError
-            key = operator.index(key)   # a numpy or framework integer
-        except TypeError:
-            raise TypeError(f"the sampler yielded {key!r} ({type(key).__name__}); a sample index "
-                            "must be an int") from None
-    if not 0 <= key < n_keys:
+    index = _as_index(key)
+    if index is None:
+        raise TypeError(f"the sampler yielded {key!r} ({type(key).__name__}); a sample index "
+                        "must be an int")
+    if not 0 <= index < n_keys:
         raise IndexError(f"the sampler yielded index {key}, out of range for a dataset of length {n_keys}")
 
 
-def worker_info():
-    """The ``WorkerInfo`` of the loader thread calling it, or None elsewhere."""
-    return getattr(_tls, "info", None)
+@cython.final
+cdef class _StageHooks:
+    """What a drop-in or a stream gives its map stage; by keyword, all optional."""
+
+    def __cinit__(self, *, per_thread=None, Py_ssize_t lookahead=0, bint go_on=False, remedy=None,
+                  bint gil_noticed=False, on_notice=None, bint stream=False):
+        self.per_thread, self.lookahead, self.go_on, self.remedy = per_thread, lookahead, go_on, remedy
+        self.gil_noticed, self.on_notice, self.stream = gil_noticed, on_notice, stream
 
 
 @cython.final
 cdef class _MapStage(_ThreadWork):
-    """The threads, the epochs and the assembly of a Loader or map: the
-    loaders' side of _ThreadWork, and the calls the Loader makes."""
+    """A Loader's or map's threads, epochs and assembly: its _ThreadWork, and the Loader's calls."""
 
-    def __cinit__(self, load, int mode, collate, _Pool pool, name, worker_init, seed, bint ordered,
-                  int depth, tuple on_thread=(), delivery=None, uint64_t max_bytes=0, auto=None, *,
-                  per_thread=None, Py_ssize_t lookahead=0, bint go_on=False, remedy=None,
-                  bint gil_noticed=False, on_notice=None, bint stream=False):
-        """``auto``: workers="auto"'s (max_threads, cpus), _Tuner's. A drop-in's
-        hooks (prefetch/_framework.py): each thread's own load, the batches
-        opened and not yet consumed at most, a batch's error that the epoch
-        goes on after, the GIL notice's remedy, already given, and who takes
-        it instead of a warning (a drop-in that acts on it). ``stream``:
-        ``per_thread(worker_id)`` gives each thread its worker of a stream
-        (prefetch/_streams.py), whose batches it alone reads."""
-        self.load = load
-        self.per_thread = per_thread
-        self.go_on = go_on
-        self.asm = _assembly_for(mode, collate, pool, delivery, name)
-        self.name = name
-        self.worker_init = worker_init
+    def __cinit__(self, load, _Assembly asm, options, worker_init, seed, tuple on_thread, auto,
+                  _StageHooks hooks not None):
+        """``options``: the loader's Options; ``auto``: workers="auto"'s (max_threads, cpus)."""
+        self.load, self.asm, self.worker_init, self.seed = load, asm, worker_init, seed
         self.on_thread = on_thread
-        self.seed = seed
-        self.ordered = ordered
-        self.depth = depth
+        self.name, self.ordered, self.depth, self.hooks = options.name, options.ordered, options.depth, hooks
         self._lock = threading.Lock()
         # Re-entrant: a signal handler may call close() while its thread holds it.
         self._cv = threading.Condition(threading.RLock())
-        self.crew = _LoaderThreads(name, self._cv)
-        self.epochs = _Epochs(max_bytes, lookahead)
+        self.crew = _LoaderThreads(self.name, self._cv)
+        self.epochs = _Epochs(options.max_bytes, hooks.lookahead)
         self.n_keys = KEYS_ANY
-        self.gauge = _Gauge(name, remedy, gil_noticed)
-        self.on_notice = on_notice
-        if stream:
-            self.stream = True
-            self.filling, self.filling_row = [None] * per_thread.count, [0] * per_thread.count
+        self.gauge = _Gauge(self.name, hooks.remedy, hooks.gil_noticed)
         if auto is not None:
             self.tuner = _Tuner(*auto)
 
-    # -- the Loader's calls (consumer side, GIL held) --------------------------
-
+    # The Loader's calls (consumer side, GIL held).
     def start_epoch(self, batches, Py_ssize_t epoch, Py_ssize_t n_keys, int threads,
                     Py_ssize_t batch_rows, order=None, following=None):
-        """Begins epoch ``epoch`` over ``batches`` (an iterator of lists of
-        keys) on ``threads`` threads (auto: as many as the last epoch ended
-        with); returns the stage of its _Core. ``order`` and ``following``:
-        see _Epochs.begin and set_keys."""
+        """Begins epoch ``epoch`` over ``batches`` (an iterator of key lists) on ``threads``
+        threads (auto: as the last epoch ended); returns its _Core's stage (_Epochs.begin, set_keys)."""
         cdef _EpochBatches e
         if self.tuner is not None:
             threads = max(self.target, 1)
             self.tuner.restart()
-        self.gauge.restart("the stream's next()" if self.stream
+        self.gauge.restart("the stream's next()" if self.hooks.stream
                            else "the mapped function" if n_keys == KEYS_ANY else "dataset[i]")
         with self._cv:
             if self.closed:
@@ -148,7 +94,7 @@ cdef class _MapStage(_ThreadWork):
         # Not under _cv: Thread.start() may run a signal handler that calls close().
         # No keys until every thread has started: they find the work at once.
         self._set_threads(threads, batch_rows)
-        if self.stream:   # a stream's (workers, turn), and its cap
+        if self.hooks.stream:   # a stream's (workers, turn), and its cap
             batches = (*batches, 0 if self.ordered else self.epochs.ahead.lookahead or self.epochs.window)
         with self._cv:
             if self.closed:   # by a signal handler inside Thread.start(), or another thread
@@ -164,23 +110,15 @@ cdef class _MapStage(_ThreadWork):
             self._notify()
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows):
-        """``threads`` threads claim work (more may be parked: workers="auto");
-        the missing ones are started. Called without _cv or _lock held (see
-        _LoaderThreads.ensure)."""
-        # Enough batches open for every thread to have a row, and one more
-        # so that a thread finishing a batch finds the next one open.
-        self.epochs.window = (2 * threads if self.stream   # a slot per worker, and its next
+        """``threads`` threads claim work (more may be parked: workers="auto"), the
+        missing ones started; without _cv or _lock held (_LoaderThreads.ensure)."""
+        # A row open for every thread, and a batch more that a thread finishing one finds open.
+        self.epochs.window = (2 * threads if self.hooks.stream   # a slot per worker, and its next
                               else max(2, (threads + batch_rows - 1) // batch_rows + 1))
         self.asm.keep_batches = self.epochs.window + self.depth + 2   # open, in the ring, held by the user
         self.target = threads
         self.rows = batch_rows
         self.crew.ensure(threads, self)
-
-    def abandon(self, _EpochBatches e):
-        """Epoch ``e`` ends early (its core closes): its work is dropped, not the next epoch's."""
-        with self._cv:
-            self.epochs.abandon(e)
-            self._notify()
 
     def close(self, double grace=CLOSE_GRACE_S):
         """Stops and joins every thread (at most ``grace`` s in all); idempotent."""
@@ -198,84 +136,51 @@ cdef class _MapStage(_ThreadWork):
                     **self.gauge.counts(), **self.asm.counts())
 
     @property
-    def threads(self):
-        """Thread numbers in use."""
+    def threads(self):   # thread numbers in use
         return self.crew.count
 
     @property
-    def gil_noticed(self):
-        """The GIL notice was made (or given before this stage, gil_noticed=)."""
+    def gil_noticed(self):   # the GIL notice was made (or given before this stage)
         return self.gauge.noticed
 
-    def describe(self):
-        """What the threads are doing, for a TimeoutError."""
-        return "waiting for its loader threads: " + self.crew.describe()
-
-    cdef void taken_by_consumer(self, _EpochBatches e, uint64_t nbytes):
-        """The consumer took a batch of epoch ``e``: no longer held ahead."""
-        with self._cv:
-            self.epochs.ahead.consumed(e is self.epochs.now, nbytes)
-            self._notify()
-
-    cdef void measure(self) except *:
-        """After each batch taken: the gauge's window, then the tuner's, which
-        reads the gauge's verdict on it; a new thread count starts new ones."""
-        cdef int threads
-        cdef int64_t now = pf_now_ns()
-        cdef _LoaderThreads crew = self.crew
-        if self.gauge.due(now) or self.tuner is not None and self.tuner.due(now):
-            self.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, self.target,
-                                   crew.at_work())
-        if self.tuner is None:
-            return
-        threads = self.tuner.after_batch(self.target, self.samples, self.wait_ns, self.gauge)
-        if threads != self.target:
-            self._set_threads(threads, self.rows)
-            with self._cv:
-                self._notify()   # parked threads' turn
-            now = pf_now_ns()
-            self.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, threads,
-                                   crew.at_work())
-
-    # -- the loader threads' work (_ThreadWork) ---------------------------------
-
-    cdef object thread_load(self, int wid):
-        load = self.load
-        _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch)
+    # The loader threads' work (_ThreadWork).
+    cdef object thread_load(self, _ThreadContext t):
+        per_thread = self.hooks.per_thread
+        t.info = WorkerInfo(t.wid, self.target, self.seed, self.epochs.now.epoch)
         for apply in self.on_thread:
             apply()
-        if self.stream:
-            reader = self.per_thread(wid)   # this thread's worker of the stream
-            load = reader.sample
-            _tls.info = WorkerInfo(wid, self.target, self.seed, self.epochs.now.epoch, reader.dataset)
-        elif self.per_thread is not None:
-            load = self.per_thread(wid)   # this thread's own dataset, before worker_init
+        if self.hooks.stream:   # this thread's worker of the stream
+            t.reader = per_thread(t.wid)
+            t.info = WorkerInfo(t.wid, self.target, self.seed, t.info.epoch, t.reader.dataset)
+        # its worker's, or this thread's own dataset's (made before worker_init)
+        load = (t.reader.sample if t.reader is not None else self.load if per_thread is None
+                else per_thread(t.wid).__getitem__)
         if self.worker_init is not None:
-            self.worker_init(wid)
+            self.worker_init(t.wid)
         return load
 
-    cdef void thread_failed(self, int wid, exc) except *:
+    cdef void thread_failed(self, _ThreadContext t, exc) except *:
         """The epoch ends with the error (the thread wakes the publisher)."""
         cdef _EpochBatches now = self.epochs.now
-        _noted(exc, f"raised while starting loader thread {self.name}-w{wid} (worker_init({wid}))")
+        _noted(exc, f"raised while starting loader thread {self.name}-w{t.wid} (worker_init({t.wid}))")
         now.fail(exc, now.taken)
 
-    cdef _Batch claim(self, int wid, Py_ssize_t *row):
-        """The batch and row this thread loads next, in sampler order (a
-        stream's: of its worker's batches); None once closed. A thread
-        numbered past the target count waits (parked)."""
+    cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row):
+        """The batch and row this thread loads next, in sampler order (a stream's: of its
+        worker's batches); None once closed. A thread past the target count is parked."""
         cdef _Batch b
         cdef int64_t t0, ready
         cdef _Epochs epochs = self.epochs
+        cdef bint stream = self.hooks.stream
         while True:
             if self.closed:
                 return None
-            if wid >= self.target:
+            if t.wid >= self.target:
                 with self._cv:
-                    if not self.closed and wid >= self.target:
+                    if not self.closed and t.wid >= self.target:
                         self._cv.wait(WAIT_SLICE_S)
                 continue
-            b = self._stream_row(wid, row) if self.stream else epochs.claim_row(row)
+            b = self._stream_row(t, row) if stream else epochs.claim_row(row)
             if b is not None:
                 return b
             if epochs.to_open() is not None:
@@ -285,74 +190,40 @@ cdef class _MapStage(_ThreadWork):
             ready = 0
             with self._cv:
                 if not self.closed and epochs.to_open() is None and not (
-                        epochs.now.slot_of(wid) is not None if self.stream else epochs.has_rows()):
-                    self.crew.waits(wid)
-                    try:
-                        self._cv.wait(WAIT_SLICE_S)
-                    finally:
-                        ready = self.crew.runs(wid, pf_now_ns())
+                        epochs.now.slot_of(t.wid) is not None if stream else epochs.has_rows()):
+                    ready = self.crew.wait_for_work(t.wid)
             self.idle_ns += pf_now_ns() - t0 - ready
 
-    cdef _Batch _stream_row(self, int wid, Py_ssize_t *row):
-        """A stream's: the next row of the batch this thread's worker read
-        last, else of the one it reads into its next slot; None where it has
-        none (or left a hole)."""
-        cdef _Batch b = self.filling[wid]
-        if b is None or self.filling_row[wid] >= b.n or self.epochs.epoch_of(b) is None:
-            slot = self.epochs.now.slot_of(wid)
-            b = self.filling[wid] = None if slot is None else self._read_slot(wid, slot)
-            self.filling_row[wid] = 0
+    cdef _Batch _stream_row(self, _ThreadContext t, Py_ssize_t *row):
+        """A stream's: the next row of the batch this thread's worker read last, else of
+        the one it reads into its next slot; None where it has none (or left a hole)."""
+        cdef _Batch b = t.filling
+        if b is None or t.filling_row >= b.n or self.epochs.epoch_of(b) is None:
+            slot = self.epochs.now.slot_of(t.wid)
+            b = t.filling = None if slot is None else self._read_slot(t, slot)
+            t.filling_row = 0
             if b is None:
                 return None
-        row[0] = self.filling_row[wid]
-        self.filling_row[wid] += 1
+        row[0] = t.filling_row
+        t.filling_row += 1
         return b
 
-    cdef _Batch _read_slot(self, int wid, _Batch slot):
-        """Worker ``wid`` reads the samples of ``slot`` from its stream: the
-        batch of those rows, returned, takes the slot's place; none (its
-        stream had ended) leaves a hole; an error of the stream is the
-        slot's, and the worker's end."""
+    cdef _Batch _read_slot(self, _ThreadContext t, _Batch slot):
+        """Worker ``t`` reads ``slot``'s samples from its stream: their batch takes its place;
+        none (its stream ended) leave a hole; the stream's error is the slot's and its end."""
         cdef _EpochBatches e = self.epochs.now
         cdef _Batch b = None
-        cdef int64_t t0
-        reader = self.per_thread.made[wid]
-        keys = None
-        failure = None
-        ended = e.ended[wid]
-        if not ended:
-            t0 = pf_now_ns()
-            self.crew.busy(wid, f"the stream's batch {slot.k + 1}", t0)
-            try:
-                reader.start(e.epoch)
-                # sample_rng()'s index: worker w's batch j is the (j * workers + w)th,
-                # whenever the other workers end
-                _tls.sample = (self.seed, e.epoch, reader.batches * len(e.ended) + wid)
-                keys, ended = reader.read()
-            except BaseException as exc:
-                failure = _stop_as_error(exc, "the stream")
-                _note_batch(failure, f"in loader thread {self.name}-w{wid}",
-                            f"reading {{batch}} of worker {wid}'s stream", reader.batches + 1)
-                exc = None
-            self.crew.busy(wid, None, 0)
+        cdef int64_t t0 = pf_now_ns()
+        keys, ended, failure = None, True, None
+        if not e.ended[t.wid]:
+            self.crew.busy(t.wid, f"the stream's batch {slot.k + 1}", t0)
+            keys, ended, failure = t.read_stream(e.epoch, len(e.ended), self.seed, self.name)
+            self.crew.busy(t.wid, None, 0)
             self.crew.load_ns += pf_now_ns() - t0
-            _tls.sample = None
         with self._cv:
             if self.epochs.epoch_of(slot) is not e:
                 return None   # dropped meanwhile
-            if ended or failure is not None:
-                e.end_worker(wid)
-            if keys:
-                b = self.asm.new_batch(slot.k, keys, slot.gen)
-                b.worker = wid
-                b.part = reader.state
-                b.held = slot.held
-                e.pending[slot.k] = b
-            else:
-                slot.failure = failure
-                slot.complete = True
-                if failure is not None and not self.go_on:
-                    e.stop_after(slot)
+            b = e.slot_read(self.asm, slot, t.wid, keys, ended, t.reader.state, failure, not self.hooks.go_on)
             self._notify()
         return b
 
@@ -360,46 +231,41 @@ cdef class _MapStage(_ThreadWork):
         cdef bint opened = False
         with self._lock:   # one thread reads the sampler at a time
             opened = self.epochs.open_next(self.asm, self.name)
-        if not opened or self.stream:
-            # The end of the keys, or an error (once this frame holds it no
-            # more); a stream's slot: its worker's thread may be waiting.
-            self.wake()
+        if not opened or self.hooks.stream:   # the end, an error (this frame holding it no
+            self.wake()                       # more), a stream's slot: its worker may wait
 
-    cdef object key_of(self, _Batch b, Py_ssize_t row, int wid):
+    cdef object key_of(self, _Batch b, Py_ssize_t row, _ThreadContext t):
         cdef _EpochBatches e = self.epochs.epoch_of(b)
         if e is None or b.k >= e.stop_k:
             return _SKIP
         key = b.keys[row]
-        info = _tls.info
-        if info.epoch != e.epoch:   # the next epoch's batches may open before it starts
-            _tls.info = WorkerInfo(wid, self.target, self.seed, e.epoch, info.dataset)
         # sample_rng's index: the dataset index, or the item's position for map
-        _tls.sample = (self.seed, e.epoch, b.k if self.n_keys == KEYS_ANY else key)
+        t.loads(e.epoch, b.k if self.n_keys == KEYS_ANY else key, self.seed, self.target)
         return key
 
     cdef void check_key(self, key) except *:
         if self.n_keys >= 0:
             _check_key(key, self.n_keys)
 
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what) except *:
+    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *:
         cdef _EpochBatches e = self.epochs.epoch_of(b)
-        self.asm.fail(b, row, wid, exc, what)
-        if e is not None and not self.go_on:
+        self.asm.fail(b, row, t.wid, exc, what)
+        if e is not None and not self.hooks.go_on:
             e.stop_after(b)   # no batch after it opens
 
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, int wid, sample) except *:
+    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *:
         cdef int64_t nbytes
         if b.failure is not None or self.epochs.epoch_of(b) is None:
             return
         try:
-            nbytes = self.asm.take_sample(b, row, sample)
+            nbytes = self.asm.take_sample(b, row, sample, t)
         except BaseException as exc:
-            self.failed(b, row, key, wid, exc, "collating")
+            self.failed(b, row, key, t, exc, "collating")
             return
         if nbytes >= 0:
             self._sized(b, nbytes)
 
-    cdef void done(self, _Batch b) except *:
+    cdef void done(self, _Batch b, _ThreadContext t) except *:
         cdef _EpochBatches e
         cdef int64_t nbytes
         b.done += 1
@@ -408,10 +274,10 @@ cdef class _MapStage(_ThreadWork):
             return
         e = self.epochs.epoch_of(b)
         if e is not None:
-            nbytes = self.asm.finish(b)
+            nbytes = self.asm.finish(b, t)
             if nbytes >= 0:
                 self._sized(b, nbytes)
-            if b.failure is not None and not self.go_on:
+            if b.failure is not None and not self.hooks.go_on:
                 e.stop_after(b)
         b.complete = True
         self.wake()
@@ -421,19 +287,16 @@ cdef class _MapStage(_ThreadWork):
             self._notify()
 
     cdef void _notify(self):
-        """Wakes every thread waiting on the condition (held). Where there is
-        work for them, the loader threads waiting for work are noted woken:
-        from now on they wait to run it (the gauge counts that wait; a thread
-        woken for nothing goes back to its wait)."""
+        """Wakes every thread waiting on the condition (held). Where there is work, the
+        threads waiting for it are noted woken: the gauge counts their wait to run it."""
         if self.epochs.has_rows() or self.epochs.to_open() is not None:
             self.crew.woken(pf_now_ns())
         self._cv.notify_all()
 
     cdef _sized(self, _Batch b, uint64_t nbytes):
-        """``b``'s size is known: its bytes replace the estimate held for it."""
+        """``b``'s size is known: its bytes replace the estimate held for it (no cap:
+        nothing to recount, nobody waits for room; no batching meets this per sample)."""
         if self.epochs.ahead.max_bytes == 0:
-            # No cap: nothing to recount and nobody waits for room in bytes (a
-            # batch_size=None loader or map meets this once per sample).
             b.held = nbytes
             return
         with self._cv:
@@ -462,85 +325,90 @@ cdef class _MapEpoch(_Stage):
         while True:
             if st.closed or e is not st.epochs.now:
                 return P_STOPPED
-            b = self._complete()
+            b = e.next_complete(st.ordered)
             if b is not None and b.n == 0 and b.failure is None:
                 # A stream's hole (its worker had ended): its room is let go.
-                del e.pending[b.k]
-                e.taken += 1
+                e.take(b, False)
                 with st._cv:
                     st.epochs.ahead.consumed(True, b.held)
                     st._notify()
                 continue
             if b is not None:
                 break
-            if e.exhausted and not e.pending or e.stop_k <= e.taken:
-                if e.failure is not None:
-                    # Handed on once, and not kept: the stage outlives the
-                    # consumer's frames, which the error's traceback holds.
-                    self.failure, e.failure = e.failure, None
-                    return P_FAILED
-                return P_END
+            if e.at_end():
+                self.failure = e.take_failure()
+                return P_END if self.failure is None else P_FAILED
             t0 = pf_now_ns()
             with st._cv:
                 if e is st.epochs.now and not st.closed:
                     st._cv.wait(WAIT_SLICE_S)
             st.wait_ns += pf_now_ns() - t0
-        del e.pending[b.k]
-        e.taken += 1
+        e.take(b, not st.hooks.go_on)
         st.wake()      # room in the window
-        st.measure()   # after: the gauge's probe watches the threads at work
+        self._measure()   # after: the gauge's probe watches the threads at work
         if b.worker >= 0:
             self.streamed.append((b.worker, b.part))
             b.part = None
         if b.failure is not None:
-            if not st.go_on:
-                e.stop_k = min(e.stop_k, e.taken)
-            self.failure, b.failure = b.failure, None   # not kept: as the epoch's failure above
+            # Handed on once, and not kept: the stage outlives the consumer's
+            # frames, which the error's traceback holds.
+            self.failure, b.failure = b.failure, None
             with st._cv:
                 st.epochs.ahead.release(b.held)
-            return P_BATCH_FAILED if st.go_on else P_FAILED
+            return P_BATCH_FAILED if st.hooks.go_on else P_FAILED
         if not st.ordered:
             self.order.append(b.k)
         st.asm.hand(b, parts)
         return P_BATCH
 
-    cdef _Batch _complete(self):
-        """The batch to publish next, if it is complete: the next in order, or
-        (ordered=False) the lowest complete one."""
-        cdef _EpochBatches e = self.e
-        cdef _Batch b = None
-        if self.stage.ordered:
-            found = e.pending.get(e.taken)
-            if found is not None and (<_Batch>found).complete:
-                return <_Batch>found
-            return None
-        for found in e.pending.values():
-            # A batch at or past stop_k had rows skipped (an earlier one failed): never handed out.
-            if ((<_Batch>found).complete and (<_Batch>found).k < e.stop_k
-                    and (b is None or (<_Batch>found).k < b.k)):
-                b = <_Batch>found
-        return b
+    cdef void _measure(self) except *:
+        """After each batch taken: the gauge's window, then the tuner's, which
+        reads the gauge's verdict on it; a new thread count starts new ones."""
+        cdef int threads
+        cdef int64_t now = pf_now_ns()
+        cdef _MapStage st = self.stage
+        cdef _LoaderThreads crew = st.crew
+        if st.gauge.due(now) or st.tuner is not None and st.tuner.due(now):
+            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, st.target, crew.at_work())
+        if st.tuner is None:
+            return
+        threads = st.tuner.after_batch(st.target, st.samples, st.wait_ns, st.gauge)
+        if threads != st.target:
+            st._set_threads(threads, st.rows)
+            st.wake()   # parked threads' turn
+            now = pf_now_ns()
+            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, threads, crew.at_work())
 
     cdef void taken(self, uint64_t nbytes):
-        if self.stage.epochs.ahead.bounded():
-            self.stage.taken_by_consumer(self.e, nbytes)
+        cdef _MapStage st = self.stage
+        if st.epochs.ahead.bounded():
+            with st._cv:   # no longer held ahead
+                st.epochs.ahead.consumed(self.e is st.epochs.now, nbytes)
+                st._notify()
 
     cdef int before_take(self) except -1:
         note = self.stage.gauge.take_notice()
-        if note is not None and self.stage.on_notice is not None:
-            self.stage.on_notice(note)   # consumer thread: the drop-in says what it does about it
+        if note is not None and self.stage.hooks.on_notice is not None:
+            self.stage.hooks.on_notice(note)   # consumer thread: the drop-in says what it does about it
         elif note is not None:
             _warn.warn_consumer(note, GILBoundWarning)   # at the user's line; nothing is taken yet
         return 0
 
     cdef bint on_own_thread(self):
-        return getattr(_tls, "stage", None) is self.stage
+        cdef _ThreadContext t = _calling_thread()
+        return t is not None and t.work is self.stage
+
+    cdef object device(self):
+        return self.stage.asm.delivery
 
     def stop(self):
-        self.stage.abandon(self.e)
+        """Its core closes: its work is dropped, not the next epoch's."""
+        with self.stage._cv:
+            self.stage.epochs.abandon(self.e)
+            self.stage._notify()
 
     def doing(self):
-        return self.stage.describe()
+        return "waiting for its loader threads: " + self.stage.crew.describe()
 
     def counts(self):
         return self.stage.stats()

@@ -26,13 +26,13 @@ cdef class _StackBatch(_Batch):
 cdef class _StackAssembly(_Assembly):
     """The default collate: rows of pooled blocks."""
 
-    def __cinit__(self, _Pool pool, name):
+    def __cinit__(self, _Pool pool, name, collate, delivery):
         self._lock = threading.Lock()
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen):
         return _StackBatch.__new__(_StackBatch, k, keys, gen)
 
-    cdef int64_t take_sample(self, _Batch batch, Py_ssize_t row, object sample) except -2:
+    cdef int64_t take_sample(self, _Batch batch, Py_ssize_t row, object sample, _ThreadContext t) except -2:
         """``sample`` into row ``row`` of ``batch``'s columns, made by the first
         sample to finish (then their bytes are returned: the batch's size is
         known; else -1). A sample that differs from row 0 raises ValueError
@@ -52,7 +52,7 @@ cdef class _StackAssembly(_Assembly):
                 if bad != BAD_NONE:
                     self._differs_from_row0(b, row, _sample_layout(ref, leaves), ref, cols,
                                             _leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
-                                                          _leaf_desc(leaves[bad])))
+                                                          _leaf_desc(leaves[bad])), t.wid)
                 return layout_bytes
             leaves = []
         nodes = _flatten(sample, _AS_IS, leaves)
@@ -83,13 +83,13 @@ cdef class _StackAssembly(_Assembly):
         if b.layout_row == 0 or b.row0 == R0_AGREES:
             # Row 0 made the columns, or fits them: a sample that does not differs from row 0.
             if bad == BAD_STRUCTURE:
-                self._differs_from_row0(b, row, _sample_layout(nodes, mine), ref, cols, idx)
+                self._differs_from_row0(b, row, _sample_layout(nodes, mine), ref, cols, idx, t.wid)
             elif bad != BAD_NONE:
                 self._differs_from_row0(b, row, _sample_layout(ref, leaves), ref, cols,
                                         _leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
-                                                      _leaf_desc(leaves[bad])))
+                                                      _leaf_desc(leaves[bad])), t.wid)
             return layout_bytes
-        self._settle(b, row, nodes, mine, ref, cols, bad != BAD_NONE, idx)
+        self._settle(b, row, nodes, mine, ref, cols, bad != BAD_NONE, idx, t.wid)
         return layout_bytes
 
     cdef void hand(self, _Batch batch, _Parts parts) except *:
@@ -105,7 +105,7 @@ cdef class _StackAssembly(_Assembly):
         return dict(_Assembly.counts(self), bytes_collated=self.bytes_collated)
 
     cdef _settle(self, _StackBatch b, Py_ssize_t row, list nodes, list leaves, list ref, list cols,
-                 bint differs, object idx):
+                 bint differs, object idx, int wid):
         """Row 0 fixes a batch's layout, but another row's sample made its
         columns (row 0 finished later). A row that does not fit the columns
         before row 0 comes is kept in b.odd, unfilled (the batch fails either
@@ -131,7 +131,7 @@ cdef class _StackAssembly(_Assembly):
                     odd, b.odd = b.odd, None
                 if odd:
                     r, layout = min(odd)
-                    self._blame(b, r, _layout_differs(_cols_layout(ref, cols), layout))
+                    self._blame(b, r, _layout_differs(_cols_layout(ref, cols), layout), wid)
                 return
             row0 = _sample_layout(nodes, leaves)
             with self._lock:
@@ -142,7 +142,7 @@ cdef class _StackAssembly(_Assembly):
             why = _layout_differs(row0, _cols_layout(ref, cols))
             none = _none_in(row0, _cols_layout(ref, cols), b.layout_row)
             if none is not None:   # row 0's None is the mistake, not the rows with a value
-                self._blame(b, 0, none)
+                self._blame(b, 0, none, wid)
                 return
             for s, layout in sorted(odd or ()):
                 if s < r:
@@ -150,7 +150,7 @@ cdef class _StackAssembly(_Assembly):
                     if found is not None:
                         r, why = s, found
                         break
-            self._blame(b, r, why)
+            self._blame(b, r, why, wid)
             return
         if differs:
             theirs = _sample_layout(nodes, leaves)
@@ -174,7 +174,7 @@ cdef class _StackAssembly(_Assembly):
             raise ValueError(_layout_differs(b.row0_layout, _cols_layout(ref, cols))
                              or "the sample differs from the batch's first sample")
 
-    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why):
+    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why, int wid):
         """Row ``row``'s sample, laid out as ``mine``, does not fit the columns
         that row 0 laid out: ValueError ``why``, that row's error; but where
         row 0 holds None in place of this sample's value, the batch fails
@@ -182,13 +182,11 @@ cdef class _StackAssembly(_Assembly):
         none = _none_in(_cols_layout(ref, cols), mine, row)
         if none is None:
             raise ValueError(why)
-        self._blame(b, 0, none)
+        self._blame(b, 0, none, wid)
 
-    cdef _blame(self, _StackBatch b, Py_ssize_t row, why):
-        """Fails ``b`` with a ValueError naming ``row``'s sample (found by another thread)."""
-        info = getattr(_tls, "info", None)
-        self.fail(b, row, info.id if info is not None else -1,
-                  ValueError(why or "the sample differs from the batch's first sample"), "collating")
+    cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid):
+        """Fails ``b`` with a ValueError naming ``row``'s sample (found by thread ``wid``)."""
+        self.fail(b, row, wid, ValueError(why or "the sample differs from the batch's first sample"), "collating")
 
     cdef size_t _keep_blocks(self, list cols):
         """The bytes of a batch laid out in ``cols``; the pool keeps blocks for

@@ -56,6 +56,10 @@ cdef class _Stage:
         """True on a thread of this stage: a next() there would wait for itself."""
         return False
 
+    cdef object device(self):
+        """The device Delivery its batches go to, or None (publisher thread)."""
+        return None
+
     def stop(self):
         """close(): stop waiting; a produce() running returns P_STOPPED."""
 

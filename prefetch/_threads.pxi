@@ -17,32 +17,32 @@ cdef class _ThreadWork:
     """What loader threads work for: the map stage implements each method.
     Loader threads only, GIL held; wake() from any thread."""
 
-    cdef object thread_load(self, int wid):
-        """Thread ``wid`` starts: its load(key) (set-up may raise: it leaves)."""
+    cdef object thread_load(self, _ThreadContext t):
+        """Thread ``t`` starts: its load(key) (set-up may raise: it leaves)."""
         raise NotImplementedError
 
-    cdef void thread_failed(self, int wid, exc) except *:
-        """Thread ``wid``'s set-up raised ``exc``; it leaves."""
+    cdef void thread_failed(self, _ThreadContext t, exc) except *:
+        """Thread ``t``'s set-up raised ``exc``; it leaves."""
 
-    cdef _Batch claim(self, int wid, Py_ssize_t *row):
-        """The batch and row thread ``wid`` loads next (waits); None once closed."""
+    cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row):
+        """The batch and row thread ``t`` loads next (waits); None once closed."""
         raise NotImplementedError
 
-    cdef object key_of(self, _Batch b, Py_ssize_t row, int wid):
+    cdef object key_of(self, _Batch b, Py_ssize_t row, _ThreadContext t):
         """The key to load for that row, or _SKIP."""
         raise NotImplementedError
 
     cdef void check_key(self, key) except *:
         """Raises for a key out of the dataset's range (that row's error)."""
 
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, int wid, exc, str what) except *:
+    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *:
         """That row's ``exc``, raised while ``what`` ("loading", "collating")."""
 
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, int wid, sample) except *:
+    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *:
         """That row's sample, on the thread that loaded it."""
 
-    cdef void done(self, _Batch b) except *:
-        """A row of ``b`` is finished (loaded, failed or skipped)."""
+    cdef void done(self, _Batch b, _ThreadContext t) except *:
+        """A row of ``b`` is finished (loaded, failed or skipped) on thread ``t``."""
 
     cdef void wake(self):
         """Wake whoever waits on the work."""
@@ -115,14 +115,15 @@ cdef class _LoaderThreads:
         cdef Py_ssize_t row = 0
         cdef int64_t t0
         cdef unsigned fork_epoch = pf_fork_epoch()
-        _tls.stage = work
+        cdef _ThreadContext t = _ThreadContext(work, wid)
+        t.enter()
         self.clocks[wid] = _this_thread_clock()
         self.tids[wid] = threading.get_native_id()
         try:
             try:
-                load = work.thread_load(wid)
+                load = work.thread_load(t)
             except BaseException as exc:
-                work.thread_failed(wid, exc)
+                work.thread_failed(t, exc)
                 load = None
             if load is None:
                 self.gone(wid)   # the next ensure() starts another in its place
@@ -132,12 +133,12 @@ cdef class _LoaderThreads:
                 return
             while True:
                 b = None   # not held while this thread waits: it may be dropped meanwhile
-                b = work.claim(wid, &row)
+                b = work.claim(t, &row)
                 if b is None:
                     return
-                key = work.key_of(b, row, wid)
+                key = work.key_of(b, row, t)
                 if key is _SKIP:
-                    work.done(b)   # dropped, or an earlier batch failed: never taken
+                    work.done(b, t)   # dropped, or an earlier batch failed: never taken
                     continue
                 t0 = pf_now_ns()
                 self.busy(wid, key, t0)
@@ -148,7 +149,7 @@ cdef class _LoaderThreads:
                 except BaseException as exc:
                     if fork_epoch != pf_fork_epoch():
                         raise   # in a child forked inside load: its own exception (sys.exit())
-                    work.failed(b, row, key, wid, exc, "loading")
+                    work.failed(b, row, key, t, exc, "loading")
                 if fork_epoch != pf_fork_epoch():
                     # load(key) forked and this is the child, on this thread's
                     # stack: the work, its locks and the pool belong to the
@@ -157,13 +158,12 @@ cdef class _LoaderThreads:
                     return
                 self.load_ns += pf_now_ns() - t0
                 self.busy(wid, None, 0)
-                _tls.sample = None
-                work.loaded(b, row, key, wid, sample)
+                t.sample = None
+                work.loaded(b, row, key, t, sample)
                 sample = None   # before the next load: a dataset may check its buffer is free
-                work.done(b)
+                work.done(b, t)
         finally:
-            _tls.info = None
-            _tls.stage = None
+            t.leave()
 
     cdef void gone(self, int wid):
         """Thread ``wid`` left (its worker_init failed): the next ensure() replaces it."""
@@ -182,9 +182,21 @@ cdef class _LoaderThreads:
     # per batch, not per sample, and are never inside load() together; the
     # gauge counts this wait as time at work, so that it sees them queue.
 
-    cdef void waits(self, int wid):
-        """Thread ``wid`` waits for work (under the condition, before its wait)."""
+    cdef int64_t wait_for_work(self, int wid) except -1:
+        """Thread ``wid`` waits for work a slice (the condition held): the time
+        it then waited to run since woken (0: its wait timed out)."""
+        cdef int64_t since
         self.woken_at[wid] = WAITING
+        try:
+            self._cv.wait(WAIT_SLICE_S)
+        finally:
+            since = self.woken_at[wid]
+            self.woken_at[wid] = 0
+        if since <= 0:
+            return 0
+        since = pf_now_ns() - since
+        self.ready_ns += since
+        return since
 
     cdef void woken(self, int64_t now):
         """The condition is notified at ``now`` (under it): the threads waiting for work wake."""
@@ -192,16 +204,6 @@ cdef class _LoaderThreads:
         for w in range(self.count):
             if self.woken_at[w] == WAITING:
                 self.woken_at[w] = now
-
-    cdef int64_t runs(self, int wid, int64_t now):
-        """Thread ``wid`` is back from its wait, running at ``now``: the time
-        it waited to run since woken (0: its wait timed out)."""
-        cdef int64_t since = self.woken_at[wid]
-        self.woken_at[wid] = 0
-        if since <= 0:
-            return 0
-        self.ready_ns += now - since
-        return now - since
 
     cdef int64_t at_work_ns(self, int64_t now):
         """The threads' time at work so far, summed: inside load(), or woken

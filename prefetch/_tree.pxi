@@ -111,14 +111,6 @@ def _kinds_size():
     return len(_kinds)
 
 
-@cython.final
-cdef class _Layout:
-    # What a K_STATE type's instances hold besides their items.
-    cdef int base                   # a Base
-    cdef bint has_dict              # instances have a __dict__
-    cdef tuple slots                # the __slots__ entries (mangled names), base first
-
-
 cdef bint _is_heap(type t):
     return PyType_GetFlags(<PyTypeObject *>t) & Py_TPFLAGS_HEAPTYPE != 0
 

@@ -11,7 +11,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Optional, Sized, TypeVar
 
 from prefetch import adapters
-from prefetch._core import _batch_copy, _Core, _fetch_stage, _Pool
+from prefetch._core import _BatchCopy, _Core, _FetchStage, _Pool
 from prefetch._lifecycle import _Lifecycle
 from prefetch._options import Options
 
@@ -105,8 +105,6 @@ class Prefetcher(_Lifecycle, Generic[T]):
             iterator = iter(source)
         except TypeError:
             raise TypeError(f"source must be iterable, got {source!r} ({type(source).__name__})") from None
-        # Validated once, here, by the adapter that owns the device's type.
-        self._delivery = None if device is None else adapters._open_device(device)
         # The frameworks' per-thread settings of this thread, for every epoch's publisher thread.
         self._thread_states = adapters._capture_thread_states()
         # A re-iterable source is kept for later epochs and len(); a one-shot
@@ -116,17 +114,21 @@ class Prefetcher(_Lifecycle, Generic[T]):
         assert o.workers is not None
         # Shared by the epochs: a new epoch reuses warm blocks and the copy threads.
         self._pool = _Pool()
-        self._copy = _batch_copy(self._pool, o.workers, o.handover, self._delivery, o.depth)
+        # Its device delivery (validated once, here, by the adapter that owns
+        # the device's type) is the copy's, which closes it; the pool keeps
+        # blocks for the batches in the ring, and two more.
+        self._copy = _BatchCopy(self._pool, o.workers, o.handover,
+                                None if device is None else adapters._open_device(device), o.depth + 2)
         # Closed after the epoch's core, in this order: what was copied is
         # released (the adapters' hooks), then the device, then the memory.
-        self._owned = tuple(x for x in (self._copy, self._delivery, self._pool) if x is not None)
+        self._owned = (self._copy, self._pool)
         self._remember_caller()
         self._start(iterator)
 
     def _start(self, iterator: Iterator[T]) -> None:
         o = self._options
-        stage = _fetch_stage(iterator, self._copy, o.name)
-        self._install(_Core(stage, delivery=self._delivery, pool=self._pool, **o.core()),
+        stage = _FetchStage(iterator, self._copy, o.name)
+        self._install(_Core(stage, pool=self._pool, **o.core()),
                       self._thread_states)
 
     def __iter__(self) -> "Prefetcher[T]":

@@ -30,6 +30,8 @@ from prefetch._core import (
     _Iterator,
     _MapStage,
     _Pool,
+    _StageHooks,
+    assembly,
     sample_rng,
     worker_info,
 )
@@ -155,11 +157,14 @@ class _Threaded(_Lifecycle):
         check_habits(cls.__name__, kwargs)
         return super().__new__(cls)
 
-    def _stage_hooks(self) -> dict[str, Any]:
-        """What a drop-in gives its map stage (prefetch/_framework.py): each
-        thread's own load, a lookahead, its failure policy, the GIL notice's
-        remedy and whether it was given. None here."""
-        return {}
+    def _stage_hooks(self, **given: Any) -> _StageHooks:
+        """What a drop-in ``given`` its map stage (prefetch/_framework.py):
+        each thread's own load, a lookahead, its failure policy, the GIL
+        notice's remedy and whether it was given; a stream's: each thread
+        its worker."""
+        if self._streams is not None:
+            given.update(per_thread=self._streams, stream=True)
+        return _StageHooks(**given)
 
     def _setup(self, load: Optional[Callable[[Any], Any]], mode: int, collate: Any, options: Options,
                device: Any, worker_init: Any) -> None:
@@ -168,7 +173,6 @@ class _Threaded(_Lifecycle):
         self._epoch_lock = threading.RLock()   # starting an epoch is atomic (re-entrant: signal handlers)
         self._fork = _fork_epoch()
         worker_init = check_callable("worker_init", worker_init)
-        self._delivery = None if device is None else adapters._open_device(device)
         # Without a seed the runs differ, but sample_rng() still gives each
         # sample its own stream.
         self._seed = int.from_bytes(os.urandom(16), "little") if options.seed is None else options.seed
@@ -176,14 +180,12 @@ class _Threaded(_Lifecycle):
         self._thread_states = adapters._capture_thread_states()
         # workers="auto": past the CPUs only while the threads leave CPUs idle (waiting on I/O).
         auto = (AUTO_MAX_THREADS, usable_cpus()) if options.workers is None else None
-        hooks = self._stage_hooks()
-        if self._streams is not None:   # each thread its worker of the stream
-            hooks.update(per_thread=self._streams, stream=True)
-        self._stage = _MapStage(load, mode, collate, self._pool, options.name, worker_init, self._seed,
-                                options.ordered, options.depth, self._thread_states,
-                                delivery=self._delivery, max_bytes=options.max_bytes, auto=auto, **hooks)
-        self._owned = ((self._stage, self._pool) if self._delivery is None
-                       else (self._stage, self._delivery, self._pool))
+        # The assembly is the device's one holder: the stage closes it.
+        asm = assembly(mode, collate, self._pool, None if device is None else adapters._open_device(device),
+                       options.name)
+        self._stage = _MapStage(load, asm, options, worker_init, self._seed, self._thread_states, auto,
+                                self._stage_hooks())
+        self._owned = (self._stage, self._pool)
         self._mode = mode
         self._name = options.name
         self._remember_caller()
@@ -248,7 +250,7 @@ class _Threaded(_Lifecycle):
                                             order, following)
             self._epoch = epoch + 1
             self._resume = None
-            core = _Core(stage, delivery=self._delivery, pool=self._pool, kind=self._kind,
+            core = _Core(stage, pool=self._pool, kind=self._kind,
                          **self._options.core())
             record.core, record.stage = core, stage
             self._record = record

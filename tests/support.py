@@ -201,10 +201,10 @@ def never_started_core(source):
     """A compiled core over ``source`` whose publisher thread is never started
     (what a consumer meets when that thread is gone), built by keyword as
     Prefetcher builds it. The caller closes it; its pool closes with it."""
-    from prefetch._core import _batch_copy, _Core, _fetch_stage, _Pool
+    from prefetch._core import _BatchCopy, _Core, _FetchStage, _Pool
 
     pool = _Pool()
-    stage = _fetch_stage(source, _batch_copy(pool, 1, True, None, 1), "never-started")
+    stage = _FetchStage(source, _BatchCopy(pool, 1, True, None, 3), "never-started")
     return _Core(stage, depth=1, max_bytes=0, name="never-started", pool=pool)
 
 

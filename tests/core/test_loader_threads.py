@@ -13,7 +13,8 @@ import pytest
 
 import prefetch
 from prefetch import Loader
-from prefetch._core import MAP_SINGLE, _MapStage, _Pool
+from prefetch._core import MAP_SINGLE, _MapStage, _Pool, _StageHooks, assembly
+from prefetch._options import Options
 from support import run_python
 
 
@@ -127,7 +128,8 @@ def test_no_thread_starts_unjoined_when_close_runs_on_another_thread_while_threa
     whichever of them gets there first; the epoch start then raises
     ClosedError, or comes first and its threads are among those joined."""
     pool = _Pool()
-    stage = _MapStage(lambda x: x, MAP_SINGLE, None, pool, "race", None, 1, True, 4)
+    stage = _MapStage(lambda x: x, assembly(MAP_SINGLE, None, pool, None, "race"), Options(name="race"), None, 1,
+                      (), None, _StageHooks())
     real_start = threading.Thread.start
     closer = threading.Thread(target=stage.close, name="closer")
     seen = []
