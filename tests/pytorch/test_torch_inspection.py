@@ -26,7 +26,6 @@ from prefetch.torch import DataLoader, StatefulDataLoader  # noqa: E402
 from support import run_script  # noqa: E402
 
 TORCH_DL = prefetch.torch.original("DataLoader")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def flat(batches):
@@ -81,7 +80,7 @@ def test_get_worker_info_imported_before_prefetch_torch_answers_in_the_threads(t
     None outside the threads."""
     script = tmp_path / "sharded.py"
     script.write_text(_IMPORTED_BEFORE)
-    r = run_script(str(script), env={"PYTHONPATH": ROOT}, timeout=110)
+    r = run_script(str(script), timeout=110)   # the installed prefetch, as a user runs it
     assert r.returncode == 0, r.stderr[-4000:]
     got = json.loads(r.stdout.splitlines()[-1])
     assert sorted(got["seen"]) == list(range(30))
