@@ -130,9 +130,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     def _framework_part(self) -> Any:
         return self._framework
 
-    def _framework_name(self) -> Optional[str]:
-        return None if self._framework is None else self._framework["name"]
-
     def _order_part(self) -> dict[str, Any]:
         return self._order_given
 

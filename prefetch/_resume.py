@@ -284,6 +284,7 @@ class _LoaderState:
     _stage: Any
     _core: Optional[_Core]
     _options: Any
+    _streams: Any
     dataset: Any
     batch_size: Optional[int]
     shuffle: bool
@@ -314,24 +315,27 @@ class _LoaderState:
         is the next epoch's start."""
         with self._epoch_lock:
             record, resume, epoch = self._record, self._resume, self._epoch
-        sampler: Any = None
+        streams = self._streams
         extras: list[int] = []
         if resume is not None:
-            epoch, prefix, extras, sampler = resume.epoch, resume.prefix, resume.extras, resume.sampler
-        elif record is None or record.core is None:
-            prefix = 0
-            holder = self._sampler_with_state()
+            epoch, prefix, extras, sampler, parts = (resume.epoch, resume.prefix, resume.extras, resume.sampler,
+                                                     resume.streams)
+        elif record is None or record.core is None or record.core.ended:
+            # The next epoch's start; a sampler's state then is its own to say.
+            prefix, holder = 0, self._sampler_with_state()
             sampler = None if holder is None else holder.state_dict()
-        elif record.core.ended:
-            prefix = 0   # the next epoch; a sampler's state then is its own to say
-            holder = self._sampler_with_state()
-            sampler = None if holder is None else holder.state_dict()
+            parts = None if streams is None else {"next": 0, "workers": streams.starts()}
+        elif streams is not None:
+            epoch, sampler, parts = record.epoch, None, record.streams()  # type: ignore[attr-defined]
         else:
-            epoch, sampler = record.epoch, record.sampler
+            epoch, sampler, parts = record.epoch, record.sampler, None
             prefix, extras = record.delivered()
+        if parts is not None:   # a stream: the batches its workers delivered
+            prefix = sum(p["batches"] for p in parts["workers"])
         return make_state(seed=self._seed, epoch=epoch, prefix=prefix, extras=extras,
-                          dataset_length=len(self.dataset), batch_size=self.batch_size, order=self._order_part(),
-                          sampler=sampler, framework=self._framework_part())
+                          dataset_length=None if streams is not None else len(self.dataset),
+                          batch_size=self.batch_size, order=self._order_part(), sampler=sampler,
+                          streams=copy.deepcopy(parts), framework=self._framework_part())
 
     def _framework_part(self) -> Any:
         """A drop-in's parts of the state (its framework's name under "name"); None: the Loader's."""
@@ -342,7 +346,8 @@ class _LoaderState:
         return order_part(self.shuffle, self.sampler, self.batch_sampler)
 
     def _framework_name(self) -> Optional[str]:
-        return None
+        part = self._framework_part()
+        return None if part is None else part["name"]  # type: ignore[no-any-return]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` (from ``state_dict()``, of a loader over the
@@ -394,12 +399,13 @@ class _LoaderState:
             self._resume = resume
 
     def _check_state(self, state: Any) -> tuple[_Resume, int]:
+        streams = self._streams
         try:
             total = len(self)
         except TypeError:
-            total = -1   # a sampler without len(): nothing to check against
-        return check_state(state, dataset_length=len(self.dataset), batch_size=self.batch_size,
-                           order=self._order_part(), seed=self._seed if self._options.seed is not None else None,
-                           batches_per_epoch=total,
+            total = -1   # a stream, or a sampler without len(): nothing to check against
+        return check_state(state, dataset_length=None if streams is not None else len(self.dataset),
+                           batch_size=self.batch_size, order=self._order_part(),
+                           seed=self._seed if self._options.seed is not None else None, batches_per_epoch=total,
                            sampler_has_state=self._sampler_with_state() is not None,
-                           framework=self._framework_name())
+                           framework=self._framework_name(), workers=None if streams is None else streams.count)
