@@ -637,7 +637,7 @@ class _ThreadIter:
         self._epoch: Any = None
         self._reset(loader)
 
-    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+    def _reset(self, loader: DataLoader) -> None:
         """An epoch begins (torch calls it again for each epoch of persistent
         workers: same threads, same replicas)."""
         self._len_called = loader._IterableDataset_len_called
@@ -771,10 +771,9 @@ class _ThreadIter:
             self._source.close()
             self._workers.close()
 
-    def close(self, closed: bool = True) -> None:
-        """Its threads stop; ``closed``: its next() raises ClosedError (else
-        its epoch ends: a state was loaded in its place)."""
-        self._closed = closed
+    def close(self) -> None:
+        """Its threads stop; its next() raises ClosedError."""
+        self._closed = True
         self._end(close=True)
 
 
@@ -784,22 +783,16 @@ class _Position:
     iterator is gone (a break) and after it closed: the state of a run that
     saves its checkpoint after leaving its loop, or on shutdown."""
 
-    __slots__ = ("source", "persistent", "finished", "closed", "iterator")
+    __slots__ = ("source", "persistent", "finished", "iterator")
 
     def __init__(self, iterator: _ThreadIter, source: Any, persistent: bool) -> None:
         self.source = source
         self.persistent = persistent
         self.finished = False   # the consumer met the end of its epoch
-        self.closed = False
         self.iterator = weakref.ref(iterator)   # not kept alive: dropped, it closes its source
-
-    @property
-    def running(self) -> bool:
-        return not (self.finished or self.closed or self.source.closed)
 
     def close(self) -> None:
         """The DataLoader closed: its iterator's next() raises ClosedError."""
-        self.closed = True
         iterator = self.iterator()
         if iterator is not None:
             iterator.close()
