@@ -36,7 +36,7 @@ from prefetch._options import (
     check_num_workers,
 )
 from prefetch._replica import replica
-from prefetch._resume import _Resume, check_state, make_state, order_part, try_state
+from prefetch._resume import _Resume, check_state, make_state, order_part, stateful, try_state
 from prefetch._streams import start_part, stream_copy
 from prefetch._types import ClosedError, GILBoundWarning, Stats
 from prefetch._warn import machinery, warn_consumer
@@ -55,7 +55,7 @@ __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Op
            "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int", "check_num_workers",
            "check_state", "close_when_dropped", "ints", "machinery", "make_state", "order_part",
            "register_collate", "register_container", "register_device", "register_leaf",
-           "register_thread_state", "replica", "start_part", "stream_copy", "try_state", "warn_at_user",
+           "register_thread_state", "replica", "start_part", "stateful", "stream_copy", "try_state", "warn_at_user",
            "warn_consumer"]
 
 

@@ -31,6 +31,11 @@ _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", 
 _ORDER_KEYS = ("shuffle", "sampler", "batch_sampler")
 
 
+def stateful(obj: Any) -> bool:
+    """torchdata's Stateful protocol: ``state_dict()`` and ``load_state_dict()``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
 def order_part(shuffle: bool, sampler: Any, batch_sampler: Any) -> dict[str, Any]:
     """What decides an epoch's order besides the seed, the epoch and the
     samplers' states: shuffled or not, and the kinds (qualified class names)
@@ -296,7 +301,7 @@ class _LoaderState:
 
     def _sampler_with_state(self) -> Any:
         sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        return sampler if callable(getattr(sampler, "state_dict", None)) else None
+        return sampler if stateful(sampler) else None
 
     def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
         sampler = self._sampler_with_state()
@@ -347,7 +352,7 @@ class _LoaderState:
 
     def _framework_name(self) -> Optional[str]:
         part = self._framework_part()
-        return None if part is None else part["name"]  # type: ignore[no-any-return]
+        return None if part is None else part["name"]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` (from ``state_dict()``, of a loader over the

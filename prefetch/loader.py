@@ -182,7 +182,6 @@ class _Threaded(_Lifecycle):
                                 delivery=self._delivery, max_bytes=options.max_bytes, auto=auto, **hooks)
         self._owned = ((self._stage, self._pool) if self._delivery is None
                        else (self._stage, self._delivery, self._pool))
-        self._mode = mode
         self._name = options.name
         self._remember_caller()
 

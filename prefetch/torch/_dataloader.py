@@ -43,6 +43,7 @@ from prefetch._framework import (
     make_state,
     order_part,
     start_part,
+    stateful,
     try_state,
     warn_at_user,
 )
@@ -249,7 +250,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _fresh_state(self) -> dict[str, Any]:
         """The state of a new iterator made now: its seed and epoch drawn from
         where the generator is (read through a copy: nothing is drawn)."""
-        generator = self.generator if self.generator is not None else torch.default_generator
+        generator = _generator(self)
         draw = torch.Generator()
         draw.set_state(generator.get_state())
         seed = _base_seed(draw)
@@ -419,6 +420,11 @@ def _order(loader: DataLoader) -> dict[str, Any]:
     return order_part(isinstance(loader.sampler, RandomSampler), loader.sampler, loader.batch_sampler)
 
 
+def _generator(loader: DataLoader) -> Any:
+    """The generator the loader's order and seeds are drawn from: its own, else torch's global one."""
+    return loader.generator if loader.generator is not None else torch.default_generator
+
+
 def _base_seed(generator: Any) -> int:
     """torch's draw of an iterator's base seed (None: the global generator)."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
@@ -429,8 +435,7 @@ def _stateful_samplers(loader: Any) -> list[Any]:
     saved as an epoch begins, restored before a resumed epoch reads them."""
     found = []
     for s in (loader.batch_sampler, loader.sampler):
-        if callable(getattr(s, "state_dict", None)) and callable(getattr(s, "load_state_dict", None)) \
-                and all(s is not f for f in found):
+        if stateful(s) and all(s is not f for f in found):
             found.append(s)
     return found
 
@@ -440,7 +445,7 @@ def _check_sampler_part(part: Any, loader: Any) -> None:
     one generator state per generator, each one torch accepts; one state per
     stateful sampler, each one that sampler accepts (tried on it, its own
     put back: the resumed epoch loads it as it begins)."""
-    generator = loader.generator if loader.generator is not None else torch.default_generator
+    generator = _generator(loader)
     generators, samplers = part["generators"], part["samplers"]
     expected = _generators(loader._index_sampler, generator)
     if not isinstance(generators, list) or len(generators) != len(expected):
@@ -567,7 +572,7 @@ class _ThreadIter:
         # Drawn as torch draws it, before the sampler runs: the same generator
         # state gives the same shuffle as torch's. A resumed state sets the
         # generator to where it was (torch's global one: see drawing_from).
-        generator = loader.generator if loader.generator is not None else torch.default_generator
+        generator = _generator(loader)
         resume, loader._resume = loader._resume, None
         checked, loader._checked = loader._checked, None
         with contextlib.ExitStack() as drawing:
