@@ -277,7 +277,8 @@ def _check_streams(streams: Any, workers: Optional[int], owner: str) -> None:
 class _LoaderState:
     """The Loader's resume state: ``state_dict()`` and ``load_state_dict()``
     over the records above (a mixin of prefetch.loader.Loader, whose fields
-    it reads: the epoch started last, a loaded state, the sampler)."""
+    it reads: the epoch started last, a loaded state, the sampler, a
+    stream's workers)."""
 
     _epoch_lock: Any
     _record: Optional[_Record]
@@ -314,7 +315,8 @@ class _LoaderState:
         """Where the loader is: a small JSON-serialisable dict (format and
         version, seed, epoch, the batches of that epoch delivered so far, the
         dataset's length, the batch size, the sampler's own ``state_dict()``
-        at the epoch's start where it has one). Taken at any moment, from any
+        at the epoch's start where it has one; for an iterable dataset, each
+        worker's part instead of a length). Taken at any moment, from any
         thread, without pausing the loader threads; batches loaded ahead and
         not yet delivered are not counted. Once an epoch has ended, the state
         is the next epoch's start."""
@@ -364,10 +366,10 @@ class _LoaderState:
         Raises
         ------
         ValueError
-            For a state of another format or version, dataset length, batch
-            size, seed or order (shuffled or not, the sampler's kind), one
-            its sampler refuses, or one truncated or edited; the loader is
-            unchanged.
+            For a state of another format or version, dataset kind or length,
+            batch size, seed, order (shuffled or not, the sampler's kind) or
+            count of workers reading a stream, one its sampler refuses, or
+            one truncated or edited; the loader is unchanged.
         ClosedError
             Once the loader is closed.
         RuntimeError

@@ -59,7 +59,7 @@ class _Feed:
                     self.cond.wait()
                 self.waiting = False
         try:
-            batch = self.round() if len(self.iters) > 1 else self.round_one()
+            batch = self.round()
         finally:
             self.in_round = False
             if self.stopped:
@@ -68,24 +68,6 @@ class _Feed:
         if batch is None:
             raise StopIteration
         return batch
-
-    def round_one(self):
-        """round() of a single iterator, without combining."""
-        ok = False
-        try:
-            try:
-                b = self.iters[0].next()
-            except StopIteration:
-                b = None
-            ok = True
-        finally:
-            self.rounds += 1
-            if not ok:
-                self.done = True
-        if b is None:
-            self.done = True
-            return None
-        return list(b.data), [] if b.label is None else list(b.label), b.pad, b.index
 
     def round(self):
         """Pull one batch from every iterator; None at the end of the data."""

@@ -255,19 +255,19 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         draw.set_state(generator.get_state())
         seed = _base_seed(draw)
         framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+        sampler = streams = length = None
         if isinstance(self.dataset, IterableDataset):
             # New workers copy the dataset as it is now: its own state with it
             # (a pass counter kept across epochs; with 0 workers, the one object).
             part = start_part(self.dataset)
             streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
-            return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=None,
-                              batch_size=self.batch_size, order=_order(self), sampler=None, streams=streams,
-                              framework=framework)
-        generators = [encode_generator(g) for g in _generators(self._index_sampler, generator)]
-        generators[0] = encode_generator(draw)   # the epoch draws after the iterator's seed
-        sampler = {"generators": generators, "samplers": [s.state_dict() for s in _stateful_samplers(self)]}
-        return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=len(self.dataset),
-                          batch_size=self.batch_size, order=_order(self), sampler=sampler, framework=framework)
+        else:
+            length = len(self.dataset)
+            generators = [encode_generator(g) for g in _generators(self._index_sampler, generator)]
+            generators[0] = encode_generator(draw)   # the epoch draws after the iterator's seed
+            sampler = {"generators": generators, "samplers": [s.state_dict() for s in _stateful_samplers(self)]}
+        return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=length, batch_size=self.batch_size,
+                          order=_order(self), sampler=sampler, streams=streams, framework=framework)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter(loader)`` continues where ``state`` (from
