@@ -48,8 +48,8 @@ def _kind_name(obj: Any) -> Optional[str]:
 
 
 def make_state(*, seed: int, epoch: int, prefix: int, extras: list[int], dataset_length: Optional[int],
-               batch_size: Any, order: dict[str, Any], sampler: Any, streams: Any = None,
-               framework: Any = None) -> dict[str, Any]:
+               batch_size: Any, order: dict[str, Any], sampler: Any, streams: Any,
+               framework: Any) -> dict[str, Any]:
     """The one resume format, for the Loader and every drop-in: ``prefix``
     batches of ``epoch`` delivered and those numbered in ``extras`` (out of
     order) besides; ``dataset_length`` None for a stream."""
@@ -79,8 +79,8 @@ class _Resume:
 
     __slots__ = ("epoch", "prefix", "extras", "sampler", "streams", "framework")
 
-    def __init__(self, epoch: int, prefix: int, extras: list[int], sampler: Any, streams: Any = None,
-                 framework: Any = None) -> None:
+    def __init__(self, epoch: int, prefix: int, extras: list[int], sampler: Any, streams: Any,
+                 framework: Any) -> None:
         self.epoch = epoch
         self.prefix = prefix
         self.extras = extras

@@ -140,8 +140,6 @@ def _shutdown(feed, pf):
 
 
 def _descs(iters, renames, attr):
-    if renames is None and len(iters) == 1:
-        return list(getattr(iters[0], attr, None) or [])
     if renames is None:
         return sum([list(getattr(i, attr, None) or []) for i in iters], [])
     return sum([[
@@ -320,9 +318,7 @@ class PrefetchingIter(mx.io.DataIter):
         # Scripts free mx's class with an explicit __del__(); keep that working.
         # The engine sync is skipped when the GC runs this on an engine thread.
         if not getattr(self, "_closed", True):
-            self._closed = True
-            self.current_batch = None
-            self._finalizer()
+            self.close()
 
     def __repr__(self):
         state = "closed" if self._closed else "open"

@@ -56,7 +56,14 @@ from prefetch.torch._processes import (
     say,
     why_not_processes,
 )
-from prefetch.torch._sampler import _Batches, _generators, decode_generator, drawing_from, encode_generator
+from prefetch.torch._sampler import (
+    _Batches,
+    _generators,
+    decode_generator,
+    drawing_from,
+    encode_generator,
+    sampler_part,
+)
 from prefetch.torch._torch import torch
 from prefetch.torch._worker import InitThread, get_worker_info, stream_replica, thread_replica
 
@@ -135,11 +142,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     that ignores it yields every sample ``num_workers`` times, as with
     torch's processes.
 
-    ``loading`` (keyword only, not torch's) fixes where this loader loads:
-    ``"threads"``, ``"processes"`` (torch's own iterator and worker
-    processes, exactly as ``torch.utils.data.DataLoader``: ``stats()`` then
-    reads zero), or ``"auto"`` (the default: threads). ValueError for any
-    other value.
+    ``loading`` (keyword only, not torch's) fixes where this loader loads
+    a map-style dataset: ``"threads"``, ``"processes"`` (torch's own
+    iterator and worker processes, exactly as ``torch.utils.data.DataLoader``:
+    ``stats()`` then counts the batches handed out, ``loading="processes"``),
+    or ``"auto"`` (the default: threads, until they measure that
+    ``dataset[i]`` holds the GIL: torch's processes then load the rest).
+    An ``IterableDataset`` loads on threads whatever it says. ValueError
+    for any other value.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
@@ -254,7 +264,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         draw = torch.Generator()
         draw.set_state(generator.get_state())
         seed = _base_seed(draw)
-        framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+        framework = _torch_part(generator)
         sampler = streams = length = None
         if isinstance(self.dataset, IterableDataset):
             # New workers copy the dataset as it is now: its own state with it
@@ -263,9 +273,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
         else:
             length = len(self.dataset)
-            generators = [encode_generator(g) for g in _generators(self._index_sampler, generator)]
-            generators[0] = encode_generator(draw)   # the epoch draws after the iterator's seed
-            sampler = {"generators": generators, "samplers": [s.state_dict() for s in _stateful_samplers(self)]}
+            # The epoch draws from the DataLoader's generator after the iterator's seed.
+            generators = [draw, *_generators(self._index_sampler, generator)[1:]]
+            sampler = sampler_part(generators, _stateful_samplers(self))
         return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=length, batch_size=self.batch_size,
                           order=_order(self), sampler=sampler, streams=streams, framework=framework)
 
@@ -397,6 +407,13 @@ class StatefulDataLoader(DataLoader[_T_co]):
 
 
 TORCH_LOADER = "torch.utils.data.DataLoader"   # the framework part's name in the resume state
+
+
+def _torch_part(generator: Any) -> dict[str, Any]:
+    """The state's torch part: its name, and the generator's state as the iterator draws its seed."""
+    return {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+
+
 # Keys of a state torchdata's own StatefulDataLoader saved (with 0 workers; with workers).
 _TORCHDATAS = frozenset(("_num_yielded", "_sampler_iter_state", "_index_sampler_state", "_snapshot"))
 
@@ -578,7 +595,7 @@ class _ThreadIter:
         with contextlib.ExitStack() as drawing:
             if resume is not None:
                 drawing.enter_context(drawing_from(generator, decode_generator(resume["framework"]["iterator_rng"])))
-            framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+            framework = _torch_part(generator)
             base_seed = _base_seed(loader.generator)
         self._batches: _Batches | None = None
         self._choice = loader._choice
@@ -784,9 +801,10 @@ class _ThreadIter:
 
 class _Position:
     """What ``state_dict()`` reads of the DataLoader iterator made last:
-    its source (a Loader), kept after the
-    iterator is gone (a break) and after it closed: the state of a run that
-    saves its checkpoint after leaving its loop, or on shutdown."""
+    its source (the thread Loader, or the ``ProcessEpoch`` torch's workers
+    finish), kept after the iterator is gone (a break) and after it closed:
+    the state of a run that saves its checkpoint after leaving its loop, or
+    on shutdown."""
 
     __slots__ = ("source", "persistent", "finished", "iterator")
 
