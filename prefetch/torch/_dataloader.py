@@ -715,21 +715,15 @@ class _ThreadIter:
             if epoch.failed_batches != failed:
                 # That batch's own error (the dataset's, collate_fn's):
                 # the epoch goes on with the next batch, as torch's does.
-                self._handed += 1
-                self._taken += 1
-                if self._processes is not None:
-                    self._processes.handed = self._handed
+                self._handed_one()
             elif not (isinstance(exc, KeyboardInterrupt) and epoch.running):
                 # Not Ctrl-C while next() waited (nothing taken: the next
                 # next() waits for the same batch, as torch's does): the end.
                 self._end(close=False)
             raise
-        self._handed += 1
-        self._taken += 1
+        self._handed_one()
         self._yielded += 1
-        if self._processes is not None:
-            self._processes.handed = self._handed
-        elif self._notices:
+        if self._processes is None and self._notices:
             self._decide()
         if self._iterable and self._len_called is not None and self._yielded > self._len_called:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
@@ -740,6 +734,13 @@ class _ThreadIter:
         if self._pin:
             batch = _pin(batch, self._pin_device)
         return batch
+
+    def _handed_one(self) -> None:
+        """A batch of the epoch handed out (or its error raised in its place)."""
+        self._handed += 1
+        self._taken += 1
+        if self._processes is not None:
+            self._processes.handed = self._handed
 
     def _decide(self) -> None:
         """The threads measured dataset[i] holding the GIL: torch's worker
