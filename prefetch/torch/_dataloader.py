@@ -437,7 +437,7 @@ def _order(loader: DataLoader) -> dict[str, Any]:
     return order_part(isinstance(loader.sampler, RandomSampler), loader.sampler, loader.batch_sampler)
 
 
-def _generator(loader: DataLoader) -> Any:
+def _generator(loader: Any) -> Any:
     """The generator the loader's order and seeds are drawn from: its own, else torch's global one."""
     return loader.generator if loader.generator is not None else torch.default_generator
 
