@@ -39,7 +39,7 @@ from prefetch._options import (
     check_num_workers,
 )
 from prefetch._replica import replica
-from prefetch._resume import _Resume, check_state, make_state, order_part, try_state
+from prefetch._resume import _Resume, check_state, make_state, order_part, stateful, try_state
 from prefetch._streams import start_part, stream_copy
 from prefetch._types import ClosedError, GILBoundWarning, Stats
 from prefetch._warn import machinery, warn_consumer
@@ -58,7 +58,8 @@ __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Op
            "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int", "check_loading",
            "check_num_workers", "check_state", "close_when_dropped", "ints", "machinery", "make_state",
            "order_part", "register_collate", "register_container", "register_device", "register_leaf",
-           "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stream_copy",
+           "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
+           "stream_copy",
            "try_state", "unpicklable", "warn_at_user", "warn_consumer"]
 
 
@@ -117,9 +118,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
     def _framework_part(self) -> Any:
         return self._framework
-
-    def _framework_name(self) -> Optional[str]:
-        return None if self._framework is None else self._framework["name"]
 
     def _order_part(self) -> dict[str, Any]:
         return self._order_given if self._order_given is not None else super()._order_part()

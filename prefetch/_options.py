@@ -147,9 +147,10 @@ def check_bool(arg: str, value: Any) -> bool:
     return bool(value)
 
 
-def check_callable(arg: str, value: Any) -> Any:
-    if value is not None and not callable(value):
-        raise TypeError(f"{arg} must be callable or None, got {value!r} ({type(value).__name__})")
+def check_callable(arg: str, value: Any, optional: bool = True) -> Any:
+    """``value``, a callable (or, where ``optional``, None)."""
+    if not (callable(value) or (optional and value is None)):
+        raise TypeError(f"{arg} must be callable{' or None' * optional}, got {value!r} ({type(value).__name__})")
     return value
 
 

@@ -31,6 +31,11 @@ _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", 
 _ORDER_KEYS = ("shuffle", "sampler", "batch_sampler")
 
 
+def stateful(obj: Any) -> bool:
+    """torchdata's Stateful protocol: ``state_dict()`` and ``load_state_dict()``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
 def order_part(shuffle: bool, sampler: Any, batch_sampler: Any) -> dict[str, Any]:
     """What decides an epoch's order besides the seed, the epoch and the
     samplers' states: shuffled or not, and the kinds (qualified class names)
@@ -43,8 +48,8 @@ def _kind_name(obj: Any) -> Optional[str]:
 
 
 def make_state(*, seed: int, epoch: int, prefix: int, extras: list[int], dataset_length: Optional[int],
-               batch_size: Any, order: dict[str, Any], sampler: Any, streams: Any = None,
-               framework: Any = None) -> dict[str, Any]:
+               batch_size: Any, order: dict[str, Any], sampler: Any, streams: Any,
+               framework: Any) -> dict[str, Any]:
     """The one resume format, for the Loader and every drop-in: ``prefix``
     batches of ``epoch`` delivered and those numbered in ``extras`` (out of
     order) besides; ``dataset_length`` None for a stream."""
@@ -74,8 +79,8 @@ class _Resume:
 
     __slots__ = ("epoch", "prefix", "extras", "sampler", "streams", "framework")
 
-    def __init__(self, epoch: int, prefix: int, extras: list[int], sampler: Any, streams: Any = None,
-                 framework: Any = None) -> None:
+    def __init__(self, epoch: int, prefix: int, extras: list[int], sampler: Any, streams: Any,
+                 framework: Any) -> None:
         self.epoch = epoch
         self.prefix = prefix
         self.extras = extras
@@ -272,7 +277,8 @@ def _check_streams(streams: Any, workers: Optional[int], owner: str) -> None:
 class _LoaderState:
     """The Loader's resume state: ``state_dict()`` and ``load_state_dict()``
     over the records above (a mixin of prefetch.loader.Loader, whose fields
-    it reads: the epoch started last, a loaded state, the sampler)."""
+    it reads: the epoch started last, a loaded state, the sampler, a
+    stream's workers)."""
 
     _epoch_lock: Any
     _record: Optional[_Record]
@@ -284,6 +290,7 @@ class _LoaderState:
     _stage: Any
     _core: Optional[_Core]
     _options: Any
+    _streams: Any
     dataset: Any
     batch_size: Optional[int]
     shuffle: bool
@@ -295,7 +302,7 @@ class _LoaderState:
 
     def _sampler_with_state(self) -> Any:
         sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        return sampler if callable(getattr(sampler, "state_dict", None)) else None
+        return sampler if stateful(sampler) else None
 
     def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
         sampler = self._sampler_with_state()
@@ -308,30 +315,34 @@ class _LoaderState:
         """Where the loader is: a small JSON-serialisable dict (format and
         version, seed, epoch, the batches of that epoch delivered so far, the
         dataset's length, the batch size, the sampler's own ``state_dict()``
-        at the epoch's start where it has one). Taken at any moment, from any
+        at the epoch's start where it has one; for an iterable dataset, each
+        worker's part instead of a length). Taken at any moment, from any
         thread, without pausing the loader threads; batches loaded ahead and
         not yet delivered are not counted. Once an epoch has ended, the state
         is the next epoch's start."""
         with self._epoch_lock:
             record, resume, epoch = self._record, self._resume, self._epoch
-        sampler: Any = None
+        streams = self._streams
         extras: list[int] = []
         if resume is not None:
-            epoch, prefix, extras, sampler = resume.epoch, resume.prefix, resume.extras, resume.sampler
-        elif record is None or record.core is None:
-            prefix = 0
-            holder = self._sampler_with_state()
+            epoch, prefix, extras, sampler, parts = (resume.epoch, resume.prefix, resume.extras, resume.sampler,
+                                                     resume.streams)
+        elif record is None or record.core is None or record.core.ended:
+            # The next epoch's start; a sampler's state then is its own to say.
+            prefix, holder = 0, self._sampler_with_state()
             sampler = None if holder is None else holder.state_dict()
-        elif record.core.ended:
-            prefix = 0   # the next epoch; a sampler's state then is its own to say
-            holder = self._sampler_with_state()
-            sampler = None if holder is None else holder.state_dict()
+            parts = None if streams is None else {"next": 0, "workers": streams.starts()}
+        elif streams is not None:
+            epoch, sampler, parts = record.epoch, None, record.streams()  # type: ignore[attr-defined]
         else:
-            epoch, sampler = record.epoch, record.sampler
+            epoch, sampler, parts = record.epoch, record.sampler, None
             prefix, extras = record.delivered()
+        if parts is not None:   # a stream: the batches its workers delivered
+            prefix = sum(p["batches"] for p in parts["workers"])
         return make_state(seed=self._seed, epoch=epoch, prefix=prefix, extras=extras,
-                          dataset_length=len(self.dataset), batch_size=self.batch_size, order=self._order_part(),
-                          sampler=sampler, framework=self._framework_part())
+                          dataset_length=None if streams is not None else len(self.dataset),
+                          batch_size=self.batch_size, order=self._order_part(), sampler=sampler,
+                          streams=copy.deepcopy(parts), framework=self._framework_part())
 
     def _framework_part(self) -> Any:
         """A drop-in's parts of the state (its framework's name under "name"); None: the Loader's."""
@@ -342,7 +353,8 @@ class _LoaderState:
         return order_part(self.shuffle, self.sampler, self.batch_sampler)
 
     def _framework_name(self) -> Optional[str]:
-        return None
+        part = self._framework_part()
+        return None if part is None else part["name"]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` (from ``state_dict()``, of a loader over the
@@ -354,10 +366,10 @@ class _LoaderState:
         Raises
         ------
         ValueError
-            For a state of another format or version, dataset length, batch
-            size, seed or order (shuffled or not, the sampler's kind), one
-            its sampler refuses, or one truncated or edited; the loader is
-            unchanged.
+            For a state of another format or version, dataset kind or length,
+            batch size, seed, order (shuffled or not, the sampler's kind) or
+            count of workers reading a stream, one its sampler refuses, or
+            one truncated or edited; the loader is unchanged.
         ClosedError
             Once the loader is closed.
         RuntimeError
@@ -394,12 +406,13 @@ class _LoaderState:
             self._resume = resume
 
     def _check_state(self, state: Any) -> tuple[_Resume, int]:
+        streams = self._streams
         try:
             total = len(self)
         except TypeError:
-            total = -1   # a sampler without len(): nothing to check against
-        return check_state(state, dataset_length=len(self.dataset), batch_size=self.batch_size,
-                           order=self._order_part(), seed=self._seed if self._options.seed is not None else None,
-                           batches_per_epoch=total,
+            total = -1   # a stream, or a sampler without len(): nothing to check against
+        return check_state(state, dataset_length=None if streams is not None else len(self.dataset),
+                           batch_size=self.batch_size, order=self._order_part(),
+                           seed=self._seed if self._options.seed is not None else None, batches_per_epoch=total,
                            sampler_has_state=self._sampler_with_state() is not None,
-                           framework=self._framework_name())
+                           framework=self._framework_name(), workers=None if streams is None else streams.count)

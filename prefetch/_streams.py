@@ -25,12 +25,7 @@ import itertools
 from typing import Any, Callable, Optional
 
 from prefetch._replica import replica
-from prefetch._resume import _Record
-
-
-def stateful(obj: Any) -> bool:
-    """The Stateful protocol: ``state_dict()`` and ``load_state_dict()``."""
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+from prefetch._resume import _Record, stateful
 
 
 def start_part(dataset: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import threading
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from prefetch import _core
+from prefetch._options import check_callable
 
 __all__ = ["CopyPlan", "Delivery", "register_collate", "register_container", "register_device",
            "register_leaf", "register_thread_state"]
@@ -58,11 +59,6 @@ class Delivery(Protocol):
 def _check_type(arg: str, cls: Any) -> None:
     if not isinstance(cls, type):
         raise TypeError(f"{arg} must be a class, got {cls!r} ({type(cls).__name__})")
-
-
-def _check_callable(arg: str, fn: Any, optional: bool = False) -> None:
-    if not (callable(fn) or (optional and fn is None)):
-        raise TypeError(f"{arg} must be callable{' or None' if optional else ''}, got {fn!r}")
 
 
 def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
@@ -98,9 +94,9 @@ def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
         after its queued batches were dropped (e.g. an engine sync).
     """
     _check_type("cls", cls)
-    _check_callable("copy", copy)
-    _check_callable("exclusive", exclusive, optional=True)
-    _check_callable("close", close, optional=True)
+    check_callable("copy", copy, optional=False)
+    check_callable("exclusive", exclusive)
+    check_callable("close", close)
     _core._register_leaf(cls, (copy, exclusive, close))
 
 
@@ -114,8 +110,8 @@ def register_container(cls: type, flatten: Callable[[Any], tuple[Sequence[Any], 
     would be shared with the source, so put every array among the children.
     """
     _check_type("cls", cls)
-    _check_callable("flatten", flatten)
-    _check_callable("unflatten", unflatten)
+    check_callable("flatten", flatten, optional=False)
+    check_callable("unflatten", unflatten, optional=False)
     _core._register_container(cls, (flatten, unflatten))
 
 
@@ -130,8 +126,8 @@ def register_collate(cls: type, as_numpy: Callable[[Any], Any], from_numpy: Call
     Called on loader threads, with the GIL held.
     """
     _check_type("cls", cls)
-    _check_callable("as_numpy", as_numpy)
-    _check_callable("from_numpy", from_numpy)
+    check_callable("as_numpy", as_numpy, optional=False)
+    check_callable("from_numpy", from_numpy, optional=False)
     _core._register_collate(cls, (as_numpy, from_numpy))
 
 
@@ -146,8 +142,8 @@ def register_device(cls: type, open: Callable[[Any], Delivery], *,
     ``hint(name)``: for ``device=`` given as a string ("cuda:0"), which is
     refused, what of ``cls`` to pass instead, or None."""
     _check_type("cls", cls)
-    _check_callable("open", open)
-    _check_callable("hint", hint, optional=True)
+    check_callable("open", open, optional=False)
+    check_callable("hint", hint)
     _device_types[cls] = open
     if hint is not None and hint not in _device_hints:
         _device_hints.append(hint)
@@ -168,7 +164,7 @@ def register_thread_state(capture: Callable[[], Optional[Callable[[], None]]]) -
     ``apply`` is raised in the consumer, as one from the source would be.
     Registering the same ``capture`` again does nothing.
     """
-    _check_callable("capture", capture)
+    check_callable("capture", capture, optional=False)
     if capture not in _thread_states:
         _thread_states.append(capture)
 

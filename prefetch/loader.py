@@ -9,7 +9,6 @@ starts an epoch, the stage of a new compiled ``_Core`` (the map stage is in
 from __future__ import annotations
 
 import collections.abc
-import copy
 import itertools
 import math
 import os
@@ -48,7 +47,7 @@ from prefetch._options import (
     check_int,
     usable_cpus,
 )
-from prefetch._resume import _LoaderState, _Record, _Resume, _skipping, check_state, make_state
+from prefetch._resume import _LoaderState, _Record, _Resume, _skipping
 from prefetch._streams import StreamRecord, Workers, stream_copy
 from prefetch._types import ClosedError, Stats
 
@@ -186,7 +185,6 @@ class _Threaded(_Lifecycle):
         self._stage = _MapStage(load, asm, options, worker_init, self._seed, self._thread_states, auto,
                                 self._stage_hooks())
         self._owned = (self._stage, self._pool)
-        self._mode = mode
         self._name = options.name
         self._remember_caller()
 
@@ -532,30 +530,6 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         parts = [dict(p) for p in resume.streams["workers"]]
         streams.resumed, self._turn = (epoch, parts), resume.streams["next"]
         return StreamRecord(epoch, list(parts), self._turn, self._options.ordered)
-
-    def state_dict(self) -> dict[str, Any]:
-        streams = self._streams
-        if streams is None:
-            return super().state_dict()
-        with self._epoch_lock:
-            record, resume, epoch = self._record, self._resume, self._epoch
-        if resume is not None:
-            epoch, parts = resume.epoch, resume.streams
-        elif not isinstance(record, StreamRecord) or record.core is None or record.core.ended:
-            parts = {"next": 0, "workers": streams.starts()}   # the next epoch's start
-        else:
-            epoch, parts = record.epoch, record.streams()
-        return make_state(seed=self._seed, epoch=epoch, prefix=sum(p["batches"] for p in parts["workers"]),
-                          extras=[], dataset_length=None, batch_size=self.batch_size, order=self._order_part(),
-                          sampler=None, streams=copy.deepcopy(parts), framework=self._framework_part())
-
-    def _check_state(self, state: Any) -> tuple[_Resume, int]:
-        if self._streams is None:
-            return super()._check_state(state)
-        return check_state(state, dataset_length=None, batch_size=self.batch_size, order=self._order_part(),
-                           seed=self._seed if self._options.seed is not None else None, batches_per_epoch=-1,
-                           sampler_has_state=False, framework=self._framework_name(),
-                           workers=self._streams.count)
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...

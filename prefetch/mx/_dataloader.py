@@ -405,6 +405,11 @@ class DataLoader(_gluon_data.DataLoader):
             raise ClosedError("this DataLoader is closed")
         return loader
 
+    def _for_next(self):
+        """The Loader for the next pass: the one holding a loaded state, or one from ``_take``."""
+        loader, self._next = self._next, None
+        return loader if loader is not None else self._take()
+
     def _release(self, loader, epoch):
         """The pass on ``loader`` ended or was dropped: its loading stops and
         the loader serves a later pass."""
@@ -488,7 +493,7 @@ class DataLoader(_gluon_data.DataLoader):
         if pending is not None:
             loader, _, number = pending   # started again, under the same number
         else:
-            loader, self._next = (self._next, None) if self._next is not None else (self._take(), None)
+            loader = self._for_next()
             number, self._epoch = self._epoch, self._epoch + 1
         loader.adopt_seed(self._seed)
         loader.set_epoch(number)   # a state loaded for this pass is kept
@@ -579,7 +584,7 @@ class DataLoader(_gluon_data.DataLoader):
             _end_epoch(pending[1])
             loader = pending[0]
         else:
-            loader, self._next = (self._next, None) if self._next is not None else (self._take(), None)
+            loader = self._for_next()
         try:
             loader.load_checked(resume, seed)   # checked once, above
             loader.batch_sampler.skip = state["batches"]   # the threads drop them; a hand-over, the rest

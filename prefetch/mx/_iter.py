@@ -59,7 +59,7 @@ class _Feed:
                     self.cond.wait()
                 self.waiting = False
         try:
-            batch = self.round() if len(self.iters) > 1 else self.round_one()
+            batch = self.round()
         finally:
             self.in_round = False
             if self.stopped:
@@ -68,24 +68,6 @@ class _Feed:
         if batch is None:
             raise StopIteration
         return batch
-
-    def round_one(self):
-        """round() of a single iterator, without combining."""
-        ok = False
-        try:
-            try:
-                b = self.iters[0].next()
-            except StopIteration:
-                b = None
-            ok = True
-        finally:
-            self.rounds += 1
-            if not ok:
-                self.done = True
-        if b is None:
-            self.done = True
-            return None
-        return list(b.data), [] if b.label is None else list(b.label), b.pad, b.index
 
     def round(self):
         """Pull one batch from every iterator; None at the end of the data."""
@@ -158,8 +140,6 @@ def _shutdown(feed, pf):
 
 
 def _descs(iters, renames, attr):
-    if renames is None and len(iters) == 1:
-        return list(getattr(iters[0], attr, None) or [])
     if renames is None:
         return sum([list(getattr(i, attr, None) or []) for i in iters], [])
     return sum([[
@@ -338,9 +318,7 @@ class PrefetchingIter(mx.io.DataIter):
         # Scripts free mx's class with an explicit __del__(); keep that working.
         # The engine sync is skipped when the GC runs this on an engine thread.
         if not getattr(self, "_closed", True):
-            self._closed = True
-            self.current_batch = None
-            self._finalizer()
+            self.close()
 
     def __repr__(self):
         state = "closed" if self._closed else "open"

@@ -44,6 +44,7 @@ from prefetch._framework import (
     make_state,
     order_part,
     start_part,
+    stateful,
     try_state,
     warn_at_user,
 )
@@ -56,7 +57,14 @@ from prefetch.torch._processes import (
     say,
     why_not_processes,
 )
-from prefetch.torch._sampler import _Batches, _generators, decode_generator, drawing_from, encode_generator
+from prefetch.torch._sampler import (
+    _Batches,
+    _generators,
+    decode_generator,
+    drawing_from,
+    encode_generator,
+    sampler_part,
+)
 from prefetch.torch._torch import torch
 from prefetch.torch._worker import InitThread, get_worker_info, stream_replica, thread_replica
 
@@ -126,11 +134,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     that ignores it yields every sample ``num_workers`` times, as with
     torch's processes.
 
-    ``loading`` (keyword only, not torch's) fixes where this loader loads:
-    ``"threads"``, ``"processes"`` (torch's own iterator and worker
-    processes, exactly as ``torch.utils.data.DataLoader``: ``stats()`` then
-    reads zero), or ``"auto"`` (the default: threads). ValueError for any
-    other value.
+    ``loading`` (keyword only, not torch's) fixes where this loader loads
+    a map-style dataset: ``"threads"``, ``"processes"`` (torch's own
+    iterator and worker processes, exactly as ``torch.utils.data.DataLoader``:
+    ``stats()`` then counts the batches handed out, ``loading="processes"``),
+    or ``"auto"`` (the default: threads, until they measure that
+    ``dataset[i]`` holds the GIL: torch's processes then load the rest).
+    An ``IterableDataset`` loads on threads whatever it says. ValueError
+    for any other value.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
@@ -241,24 +252,24 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _fresh_state(self) -> dict[str, Any]:
         """The state of a new iterator made now: its seed and epoch drawn from
         where the generator is (read through a copy: nothing is drawn)."""
-        generator = self.generator if self.generator is not None else torch.default_generator
+        generator = _generator(self)
         draw = torch.Generator()
         draw.set_state(generator.get_state())
         seed = _base_seed(draw)
-        framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+        framework = _torch_part(generator)
+        sampler = streams = length = None
         if isinstance(self.dataset, IterableDataset):
             # New workers copy the dataset as it is now: its own state with it
             # (a pass counter kept across epochs; with 0 workers, the one object).
             part = start_part(self.dataset)
             streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
-            return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=None,
-                              batch_size=self.batch_size, order=_order(self), sampler=None, streams=streams,
-                              framework=framework)
-        generators = [encode_generator(g) for g in _generators(self._index_sampler, generator)]
-        generators[0] = encode_generator(draw)   # the epoch draws after the iterator's seed
-        sampler = {"generators": generators, "samplers": [s.state_dict() for s in _stateful_samplers(self)]}
-        return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=len(self.dataset),
-                          batch_size=self.batch_size, order=_order(self), sampler=sampler, framework=framework)
+        else:
+            length = len(self.dataset)
+            # The epoch draws from the DataLoader's generator after the iterator's seed.
+            generators = [draw, *_generators(self._index_sampler, generator)[1:]]
+            sampler = sampler_part(generators, _stateful_samplers(self))
+        return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=length, batch_size=self.batch_size,
+                          order=_order(self), sampler=sampler, streams=streams, framework=framework)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter(loader)`` continues where ``state`` (from
@@ -388,6 +399,13 @@ class StatefulDataLoader(DataLoader[_T_co]):
 
 
 TORCH_LOADER = "torch.utils.data.DataLoader"   # the framework part's name in the resume state
+
+
+def _torch_part(generator: Any) -> dict[str, Any]:
+    """The state's torch part: its name, and the generator's state as the iterator draws its seed."""
+    return {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+
+
 # Keys of a state torchdata's own StatefulDataLoader saved (with 0 workers; with workers).
 _TORCHDATAS = frozenset(("_num_yielded", "_sampler_iter_state", "_index_sampler_state", "_snapshot"))
 
@@ -411,6 +429,11 @@ def _order(loader: DataLoader) -> dict[str, Any]:
     return order_part(isinstance(loader.sampler, RandomSampler), loader.sampler, loader.batch_sampler)
 
 
+def _generator(loader: Any) -> Any:
+    """The generator the loader's order and seeds are drawn from: its own, else torch's global one."""
+    return loader.generator if loader.generator is not None else torch.default_generator
+
+
 def _base_seed(generator: Any) -> int:
     """torch's draw of an iterator's base seed (None: the global generator)."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
@@ -421,8 +444,7 @@ def _stateful_samplers(loader: Any) -> list[Any]:
     saved as an epoch begins, restored before a resumed epoch reads them."""
     found = []
     for s in (loader.batch_sampler, loader.sampler):
-        if callable(getattr(s, "state_dict", None)) and callable(getattr(s, "load_state_dict", None)) \
-                and all(s is not f for f in found):
+        if stateful(s) and all(s is not f for f in found):
             found.append(s)
     return found
 
@@ -432,7 +454,7 @@ def _check_sampler_part(part: Any, loader: Any) -> None:
     one generator state per generator, each one torch accepts; one state per
     stateful sampler, each one that sampler accepts (tried on it, its own
     put back: the resumed epoch loads it as it begins)."""
-    generator = loader.generator if loader.generator is not None else torch.default_generator
+    generator = _generator(loader)
     generators, samplers = part["generators"], part["samplers"]
     expected = _generators(loader._index_sampler, generator)
     if not isinstance(generators, list) or len(generators) != len(expected):
@@ -559,13 +581,13 @@ class _ThreadIter:
         # Drawn as torch draws it, before the sampler runs: the same generator
         # state gives the same shuffle as torch's. A resumed state sets the
         # generator to where it was (torch's global one: see drawing_from).
-        generator = loader.generator if loader.generator is not None else torch.default_generator
+        generator = _generator(loader)
         resume, loader._resume = loader._resume, None
         checked, loader._checked = loader._checked, None
         with contextlib.ExitStack() as drawing:
             if resume is not None:
                 drawing.enter_context(drawing_from(generator, decode_generator(resume["framework"]["iterator_rng"])))
-            framework = {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+            framework = _torch_part(generator)
             base_seed = _base_seed(loader.generator)
         self._batches: _Batches | None = None
         self._choice = loader._choice
@@ -629,7 +651,7 @@ class _ThreadIter:
         self._epoch: Any = None
         self._reset(loader)
 
-    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+    def _reset(self, loader: DataLoader) -> None:
         """An epoch begins (torch calls it again for each epoch of persistent
         workers: same threads, same replicas)."""
         self._len_called = loader._IterableDataset_len_called
@@ -685,21 +707,15 @@ class _ThreadIter:
             if epoch.failed_batches != failed:
                 # That batch's own error (the dataset's, collate_fn's):
                 # the epoch goes on with the next batch, as torch's does.
-                self._handed += 1
-                self._taken += 1
-                if self._processes is not None:
-                    self._processes.handed = self._handed
+                self._handed_one()
             elif not (isinstance(exc, KeyboardInterrupt) and epoch.running):
                 # Not Ctrl-C while next() waited (nothing taken: the next
                 # next() waits for the same batch, as torch's does): the end.
                 self._end(close=False)
             raise
-        self._handed += 1
-        self._taken += 1
+        self._handed_one()
         self._yielded += 1
-        if self._processes is not None:
-            self._processes.handed = self._handed
-        elif self._notices:
+        if self._processes is None and self._notices:
             self._decide()
         if self._iterable and self._len_called is not None and self._yielded > self._len_called:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
@@ -710,6 +726,13 @@ class _ThreadIter:
         if self._pin:
             batch = _pin(batch, self._pin_device)
         return batch
+
+    def _handed_one(self) -> None:
+        """A batch of the epoch handed out (or its error raised in its place)."""
+        self._handed += 1
+        self._taken += 1
+        if self._processes is not None:
+            self._processes.handed = self._handed
 
     def _decide(self) -> None:
         """The threads measured dataset[i] holding the GIL: torch's worker
@@ -763,35 +786,29 @@ class _ThreadIter:
             self._source.close()
             self._workers.close()
 
-    def close(self, closed: bool = True) -> None:
-        """Its threads stop; ``closed``: its next() raises ClosedError (else
-        its epoch ends: a state was loaded in its place)."""
-        self._closed = closed
+    def close(self) -> None:
+        """Its threads stop; its next() raises ClosedError."""
+        self._closed = True
         self._end(close=True)
 
 
 class _Position:
     """What ``state_dict()`` reads of the DataLoader iterator made last:
-    its source (a Loader), kept after the
-    iterator is gone (a break) and after it closed: the state of a run that
-    saves its checkpoint after leaving its loop, or on shutdown."""
+    its source (the thread Loader, or the ``ProcessEpoch`` torch's workers
+    finish), kept after the iterator is gone (a break) and after it closed:
+    the state of a run that saves its checkpoint after leaving its loop, or
+    on shutdown."""
 
-    __slots__ = ("source", "persistent", "finished", "closed", "iterator")
+    __slots__ = ("source", "persistent", "finished", "iterator")
 
     def __init__(self, iterator: _ThreadIter, source: Any, persistent: bool) -> None:
         self.source = source
         self.persistent = persistent
         self.finished = False   # the consumer met the end of its epoch
-        self.closed = False
         self.iterator = weakref.ref(iterator)   # not kept alive: dropped, it closes its source
-
-    @property
-    def running(self) -> bool:
-        return not (self.finished or self.closed or self.source.closed)
 
     def close(self) -> None:
         """The DataLoader closed: its iterator's next() raises ClosedError."""
-        self.closed = True
         iterator = self.iterator()
         if iterator is not None:
             iterator.close()

@@ -118,7 +118,7 @@ class PinnedHost:
         return "PinnedHost()"
 
 
-class PinnedDelivery:
+class PinnedDelivery(CpuDelivery):
     """Pins each CPU tensor leaf; other leaves unchanged."""
 
     def deliver(self, leaf: Any) -> Any:
@@ -126,12 +126,6 @@ class PinnedDelivery:
         if isinstance(leaf, torch.Tensor) and leaf.is_cpu:
             return leaf.pin_memory()
         return leaf
-
-    def ready(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def open_pinned(host: PinnedHost) -> PinnedDelivery:

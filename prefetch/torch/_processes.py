@@ -20,7 +20,7 @@ loader stays on threads and the warning says why.
 The hand-over is mid-epoch, at the verdict (within about 0.3 s of loading):
 on a GIL-bound dataset the threads load at about the speed of one, so an
 epoch finished on them costs the whole epoch at a fraction of torch's speed
-(the issue's text dataset: 0.59 x), which a run of a few epochs never wins
+(a text dataset measured: 0.59 x), which a run of a few epochs never wins
 back; starting torch's workers costs a fork each. Batches the threads opened
 are finished by them and handed out first, while torch's workers start:
 nothing is loaded twice or skipped. An epoch that cannot be cut (its sampler
@@ -160,10 +160,6 @@ class ProcessEpoch:
             raise
         finally:
             self.handed += it._rcvd_idx - before
-
-    @property
-    def closed(self) -> bool:
-        return bool(self.source.closed) or self.workers.it is None
 
     def state_dict(self) -> dict[str, Any]:
         if self.finished:

@@ -202,8 +202,7 @@ class _Batches:
         """The state the next epoch begins from (a loaded one until it begins)."""
         if self.pending is not None:
             return self.pending
-        return {"generators": [encode_generator(g) for g in self.generators],
-                "samplers": [s.state_dict() for s in self.stateful]}
+        return sampler_part(self.generators, self.stateful)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = state
@@ -379,6 +378,12 @@ def drawing_from(generator: Any, saved: Any) -> Any:
     finally:
         if users is not None and not torch.equal(users, saved):
             generator.set_state(users)
+
+
+def sampler_part(generators: list[Any], stateful: list[Any]) -> dict[str, Any]:
+    """The sampler side of a resume state: the states of the generators an
+    epoch's order is drawn from, and each stateful sampler's own."""
+    return {"generators": [encode_generator(g) for g in generators], "samplers": [s.state_dict() for s in stateful]}
 
 
 def encode_generator(generator: Any) -> str:
