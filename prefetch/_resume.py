@@ -32,7 +32,7 @@ _ORDER_KEYS = ("shuffle", "sampler", "batch_sampler")
 
 
 def stateful(obj: Any) -> bool:
-    """torchdata's Stateful protocol: ``state_dict()`` and ``load_state_dict()``."""
+    """The Stateful protocol: ``state_dict()`` and ``load_state_dict()``."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
