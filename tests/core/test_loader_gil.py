@@ -312,9 +312,10 @@ def test_threads_that_take_turns_per_batch_are_judged_as_waiting(monkeypatch, tw
     notes, stats = loaded_until_warned(Tokenises(), epochs_max=30)
     assert len(notes) == 1, f"no warning in 30 epochs: {stats}"
     assert meter.probes >= 3
-    # The woken threads' wait for the GIL is not idle time: the threads
-    # were about all the time at work, inside dataset[i] or waiting to run it.
-    assert stats.load_wait_share > 0.3
+    # The woken threads' wait for the GIL is not idle time: counted as idle,
+    # the share is 0.0. Counted as work it is about 0.49 on a quiet machine,
+    # and 0.23 was seen on CPython 3.15 beside a whole CI run's load.
+    assert stats.load_wait_share > 0.1
 
 
 @pytest.mark.parametrize("figures", [BLAS, IO])
