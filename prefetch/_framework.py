@@ -52,7 +52,7 @@ from prefetch.adapters import (
     register_thread_state,
 )
 from prefetch.iterator import Prefetcher
-from prefetch.loader import Loader, ints
+from prefetch.loader import Loader, ints, worker_info
 
 __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Options",
            "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int", "check_loading",
@@ -60,7 +60,7 @@ __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Op
            "order_part", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
            "stream_copy",
-           "try_state", "unpicklable", "warn_at_user", "warn_consumer"]
+           "try_state", "unpicklable", "warn_at_user", "warn_consumer", "worker_info"]
 
 
 def _remedy(framework_loader: str) -> str:

@@ -144,9 +144,15 @@ class Workers:
         self.replicate = replicate
         self.made: list[Optional[_Worker]] = [None] * count
         self.resumed: Optional[tuple[int, list[dict[str, Any]]]] = None   # (epoch, parts) of a loaded state
+        # Each worker's copy, made here, on the thread that makes the loader:
+        # a deep copy of a library's dataset can fail on another thread (a
+        # Hugging Face stream: "dictionary changed size during iteration"),
+        # and the shallow one made instead would share its shard iterators
+        # and their state between the workers.
+        self.copies = [replicate(dataset, w) for w in range(count)]
 
     def __call__(self, worker_id: int) -> _Worker:
-        worker = self.made[worker_id] = _Worker(worker_id, self.replicate(self.dataset, worker_id), self)
+        worker = self.made[worker_id] = _Worker(worker_id, self.copies[worker_id], self)
         return worker
 
     def part(self, worker_id: int, epoch: int) -> Optional[dict[str, Any]]:

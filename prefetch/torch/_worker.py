@@ -17,6 +17,7 @@ import numpy as np
 from torch.utils.data._utils.worker import _RNG, WorkerInfo
 
 from prefetch._framework import replica, stream_copy
+from prefetch._framework import worker_info as prefetch_worker_info
 from prefetch.torch._bindings import module_bindings
 from prefetch.torch._torch import torch
 
@@ -134,10 +135,10 @@ def thread_replica(dataset: Any, worker_id: int) -> Any:
 
 
 def stream_replica(dataset: Any, worker_id: int) -> Any:
-    """The thread's copy of an IterableDataset, the one its worker iterates
-    (a deep copy where it can be made: ``prefetch._streams.stream_copy``)."""
-    _local.replica = stream_copy(dataset, worker_id, DATASETS)
-    return _local.replica
+    """An IterableDataset's copy for worker ``worker_id`` (a deep copy where
+    it can be made: ``prefetch._streams.stream_copy``), made as the epoch's
+    loader is; its thread finds it as prefetch's ``worker_info().dataset``."""
+    return stream_copy(dataset, worker_id, DATASETS)
 
 
 class InitThread:
@@ -152,7 +153,8 @@ class InitThread:
         self.worker_init_fn = worker_init_fn
 
     def __call__(self, worker_id: int) -> None:
-        dataset = getattr(_local, "replica", self.dataset)
+        own = prefetch_worker_info()   # a stream's worker: its copy
+        dataset = getattr(_local, "replica", None) or (own.dataset if own is not None else None) or self.dataset
         _local.info = worker_info(worker_id, self.num_workers, self.base_seed, dataset)
         if self.worker_init_fn is not None and self.num_workers > 0:
             self.worker_init_fn(worker_id)
