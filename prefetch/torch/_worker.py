@@ -153,8 +153,10 @@ class InitThread:
         self.worker_init_fn = worker_init_fn
 
     def __call__(self, worker_id: int) -> None:
-        own = prefetch_worker_info()   # a stream's worker: its copy
-        dataset = getattr(_local, "replica", None) or (own.dataset if own is not None else None) or self.dataset
+        dataset = getattr(_local, "replica", None)   # a map-style worker's copy
+        if dataset is None:
+            own = prefetch_worker_info()   # a stream's worker: its copy
+            dataset = own.dataset if own is not None and own.dataset is not None else self.dataset
         _local.info = worker_info(worker_id, self.num_workers, self.base_seed, dataset)
         if self.worker_init_fn is not None and self.num_workers > 0:
             self.worker_init_fn(worker_id)
