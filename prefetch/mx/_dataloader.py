@@ -33,6 +33,7 @@ from prefetch._framework import (
     check_loading,
     check_num_workers,
     check_state,
+    make_state,
     order_part,
     replica,
 )
@@ -237,12 +238,6 @@ def _batches_per_pass(batch_sampler):
 GLUON_LOADER = "mxnet.gluon.data.DataLoader"   # the framework part's name in the resume state
 
 
-def _end_epoch(epoch):
-    """Stops the loading of a pass dropped before its end."""
-    if epoch is not None:
-        epoch.stop()
-
-
 class DataLoader(_gluon_data.DataLoader):
     """``mx.gluon.data.DataLoader`` with the same signature, samplers and
     batches, loading on ``num_workers`` threads (one when it is 0).
@@ -372,7 +367,7 @@ class DataLoader(_gluon_data.DataLoader):
     def _release(self, loader, epoch):
         """The pass on ``loader`` ended or was dropped: its loading stops and
         the loader serves a later pass."""
-        _end_epoch(epoch)
+        epoch.stop()
         with self._lock:
             self._busy.discard(id(loader))
             self._idle.append(loader)
@@ -498,16 +493,11 @@ class DataLoader(_gluon_data.DataLoader):
             return process_pass.state_dict()
         if loader is not None:
             return loader.state_dict()
-        loader = self._take()   # a Loader between its epochs says where the next one starts
-        try:
-            loader.adopt_seed(self._seed)
-            loader.set_epoch(self._epoch)
-            state = loader.state_dict()
-        finally:
-            with self._lock:
-                self._idle.append(loader)
-        state["batches"], state["out_of_order"] = 0, []
-        return state
+        # No pass yet: the first one's start.
+        return make_state(seed=self._seed, epoch=self._epoch, prefix=0, extras=[], dataset_length=len(self._dataset),
+                          batch_size=self._said_batch_size, order=self._order_part(),
+                          sampler=_Batches(self._batch_sampler).state_dict(), streams=None,
+                          framework=self._framework_part())
 
     def load_state_dict(self, state):
         """Continue where ``state`` (from ``state_dict()`` of a loader over the
@@ -540,7 +530,7 @@ class DataLoader(_gluon_data.DataLoader):
                                    "progress; load it before iterating, or once the pass has ended")
         pending, self._iter = self._iter, None
         if pending is not None:
-            _end_epoch(pending[1])
+            pending[1].stop()
             loader = pending[0]
         else:
             loader = self._for_next()
