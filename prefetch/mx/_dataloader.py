@@ -8,13 +8,14 @@ builds Gluon's own samplers, and loads with a ``prefetch.Loader``.
 Each iteration is a pass of its own, as in Gluon: a pass runs on a Loader
 that no other pass holds (one left by an ended or dropped pass, or a new one).
 
-Threading contract: ``_OwnCopy`` runs on loader threads (once each);
+Threading contract: ``_own_copy`` runs on loader threads (once each);
 everything else on the consumer's thread, and a dropped pass's ``finally``
 wherever its generator is collected.
 """
 import base64
 import copy
 import dataclasses
+import functools
 import gc
 import itertools
 import multiprocessing
@@ -32,6 +33,7 @@ from prefetch._framework import (
     check_loading,
     check_num_workers,
     check_state,
+    make_state,
     order_part,
     replica,
 )
@@ -68,95 +70,58 @@ def _to_nd(batch):
     if isinstance(batch, list):
         return [_to_nd(field) for field in batch]
     return batch
-_Reader = mx.recordio.MXRecordIO
 
+
+_Reader = mx.recordio.MXRecordIO
 # Never a reader, nothing to look into.
 _ATOMS = frozenset((str, bytes, bytearray, int, float, complex, bool, type(None)))
-_OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+_OPAQUE = (_Reader, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
            np.ndarray, np.generic, mx.nd.NDArray)
 
 
-def _is_reader(obj):
-    return isinstance(obj, _Reader) and obj.flag == "r"   # a writer stays shared: reopening truncates
-
-
-def _children(obj):
-    """What ``obj`` holds: a list's or tuple's items, a dict's values, an object's attributes."""
-    if isinstance(obj, (list, tuple)):
-        return iter(obj)
-    if isinstance(obj, dict):
-        return iter(list(obj.values()))
-    if isinstance(obj, _OPAQUE) or _is_reader(obj):
-        return iter(())
+def _held(obj):
+    """Where what ``obj`` holds is: a list, tuple or dict itself, an object's
+    attribute dict; None for a reader and what holds nothing to look into."""
+    if isinstance(obj, (list, tuple, dict)):
+        return obj
+    if isinstance(obj, _OPAQUE):
+        return None
     attrs = getattr(obj, "__dict__", None)
-    return iter(list(attrs.values())) if isinstance(attrs, dict) else iter(())
+    return attrs if isinstance(attrs, dict) else None
 
 
-def _may_hold_reader(root):
-    """Whether a reader may be reachable from ``root``: the objects
-    ``_reader_paths`` walks, a level at a time through ``gc.get_referents``
-    (0.2 s for a million (path, label) tuples on a 2-core machine, where the
-    walk takes 1.4 s). A superset: the walk decides."""
-    seen = {id(root)}
-    level, held = [root], []
+def _reader_paths(root):
+    """The ids of the objects reachable from ``root`` (through lists, tuples,
+    dicts and attributes) that are RecordIO readers or hold one: the path
+    each loader thread copies to a reader of its own. Empty: none.
+
+    It looks a level at a time through ``gc.get_referents`` (0.2 s for a
+    million (path, label) tuples on a 2-core machine, where a walk of one
+    object at a time takes 1.4 s); only where it met a reader does it go
+    back over the levels for what holds one."""
+    levels, paths, seen = [], set(), {id(root)}
+    level = [root]
     while level:
-        held.append(level)   # keeps every id seen valid
-        expand = [obj for obj in level if type(obj) is tuple]   # most of a big level
-        for obj in level:
-            if type(obj) is tuple:
-                continue
-            if isinstance(obj, (list, tuple, dict)):
-                expand.append(obj)
-            elif isinstance(obj, _Reader):
-                return True
-            elif not isinstance(obj, _OPAQUE):
-                attrs = getattr(obj, "__dict__", None)
-                if isinstance(attrs, dict):
-                    expand.append(attrs)
+        levels.append(level)   # keeps every id seen valid
+        # A writer stays shared: reopening it truncates the file.
+        paths.update(id(obj) for obj in level if isinstance(obj, _Reader) and obj.flag == "r")
         level = []
-        for obj in gc.get_referents(*expand):
+        for obj in gc.get_referents(*filter(None, map(_held, levels[-1]))):
             kind = type(obj)
             if kind is tuple:
                 level.append(obj)   # not remembered: no cycle runs through tuples alone
             elif kind not in _ATOMS and id(obj) not in seen:
                 seen.add(id(obj))
                 level.append(obj)
-    return False
-
-
-def _reader_paths(root):
-    """The ids of the objects reachable from ``root`` (through lists, tuples,
-    dicts and attributes) that are RecordIO readers or hold one: the path
-    each loader thread copies to a reader of its own. Empty: none."""
-    if type(root) in _ATOMS or not _may_hold_reader(root):
-        return frozenset()
-    if _is_reader(root):
-        return frozenset((id(root),))
-    end = object()
-    on_path = set()
-    seen = {id(root): root}   # keeps every id valid during the walk
-    stack = [(root, _children(root))]
-    while stack:
-        obj, kids = stack[-1]
-        kid = next(kids, end)
-        if kid is end:
-            stack.pop()
-            if id(obj) in on_path and stack:
-                on_path.add(id(stack[-1][0]))
-            continue
-        if type(kid) in _ATOMS:
-            continue
-        k = id(kid)
-        if k in seen:
-            if k in on_path:
-                on_path.add(id(obj))
-        elif _is_reader(kid):
-            seen[k] = kid
-            on_path.update((k, id(obj)))
-        else:
-            seen[k] = kid
-            stack.append((kid, _children(kid)))
-    return frozenset(on_path)
+    grew = bool(paths)
+    while grew:   # deepest level first; again where a cycle or a shared object leads back up
+        grew = False
+        for obj in itertools.chain.from_iterable(reversed(levels)):
+            held = _held(obj)
+            if held is not None and id(obj) not in paths and any(id(x) in paths for x in gc.get_referents(held)):
+                paths.add(id(obj))
+                grew = True
+    return frozenset(paths)
 
 
 def _fresh_reader(reader):
@@ -178,7 +143,7 @@ def _copy_along(obj, paths, memo):
         return obj
     if k in memo:
         return memo[k]
-    if _is_reader(obj):
+    if isinstance(obj, _Reader):   # a reader on a path reads
         memo[k] = _fresh_reader(obj)
         return memo[k]
     memo[k] = obj   # a cycle back to it keeps the original
@@ -201,21 +166,16 @@ def _copy_along(obj, paths, memo):
     return own
 
 
-class _OwnCopy:
-    """The Loader's per-thread hook: each loader thread loads from a copy of
-    the dataset, as each of Gluon's worker processes does. It holds readers
-    of its own, wherever they sit in it (``paths``; a reader's seek-then-read
-    is not atomic, so threads cannot share one), and with ``copies``, a
-    shallow copy of each Gluon dataset in it (what ``__getitem__`` sets on
-    it, a file opened on first use, is the thread's)."""
-
-    def __init__(self, paths, copies):
-        self.paths = paths
-        self.copies = copies
-
-    def __call__(self, dataset, worker_id):
-        own = _copy_along(dataset, self.paths, {}) if self.paths else dataset
-        return replica(own, (_gluon_data.Dataset,)) if self.copies else own
+def _own_copy(paths, copies, dataset, worker_id):
+    """A loader thread's dataset (the Loader's per-thread hook, with ``paths``
+    and ``copies`` bound): a copy of its own, as each of Gluon's worker
+    processes holds. It holds readers of its own, wherever they sit in it
+    (``paths``; a reader's seek-then-read is not atomic, so threads cannot
+    share one), and with ``copies``, a shallow copy of each Gluon dataset in
+    it (what ``__getitem__`` sets on it, a file opened on first use, is the
+    thread's)."""
+    own = _copy_along(dataset, paths, {}) if paths else dataset
+    return replica(own, (_gluon_data.Dataset,)) if copies else own
 
 
 # -- the batch sampler, its order and its state ----------------------------------
@@ -276,12 +236,6 @@ def _batches_per_pass(batch_sampler):
 
 
 GLUON_LOADER = "mxnet.gluon.data.DataLoader"   # the framework part's name in the resume state
-
-
-def _end_epoch(epoch):
-    """Stops the loading of a pass dropped before its end."""
-    if epoch is not None:
-        epoch.stop()
 
 
 class DataLoader(_gluon_data.DataLoader):
@@ -362,7 +316,7 @@ class DataLoader(_gluon_data.DataLoader):
         paths = _reader_paths(dataset)
         # num_workers=0: Gluon loads from the dataset itself (its readers are still the thread's)
         copies = self._num_workers > 0
-        self._per_thread = _OwnCopy(paths, copies) if paths or copies else None
+        self._per_thread = functools.partial(_own_copy, paths, copies) if paths or copies else None
         # Each pass (each iteration, as in Gluon) runs on a Loader of its own;
         # one whose pass ended or was dropped serves the next pass.
         self._lock = threading.Lock()
@@ -413,7 +367,7 @@ class DataLoader(_gluon_data.DataLoader):
     def _release(self, loader, epoch):
         """The pass on ``loader`` ended or was dropped: its loading stops and
         the loader serves a later pass."""
-        _end_epoch(epoch)
+        epoch.stop()
         with self._lock:
             self._busy.discard(id(loader))
             self._idle.append(loader)
@@ -539,16 +493,11 @@ class DataLoader(_gluon_data.DataLoader):
             return process_pass.state_dict()
         if loader is not None:
             return loader.state_dict()
-        loader = self._take()   # a Loader between its epochs says where the next one starts
-        try:
-            loader.adopt_seed(self._seed)
-            loader.set_epoch(self._epoch)
-            state = loader.state_dict()
-        finally:
-            with self._lock:
-                self._idle.append(loader)
-        state["batches"], state["out_of_order"] = 0, []
-        return state
+        # No pass yet: the first one's start.
+        return make_state(seed=self._seed, epoch=self._epoch, prefix=0, extras=[], dataset_length=len(self._dataset),
+                          batch_size=self._said_batch_size, order=self._order_part(),
+                          sampler=_Batches(self._batch_sampler).state_dict(), streams=None,
+                          framework=self._framework_part())
 
     def load_state_dict(self, state):
         """Continue where ``state`` (from ``state_dict()`` of a loader over the
@@ -581,7 +530,7 @@ class DataLoader(_gluon_data.DataLoader):
                                    "progress; load it before iterating, or once the pass has ended")
         pending, self._iter = self._iter, None
         if pending is not None:
-            _end_epoch(pending[1])
+            pending[1].stop()
             loader = pending[0]
         else:
             loader = self._for_next()

@@ -405,47 +405,41 @@ def wrap_numpy(cnp.ndarray a, object ctx):
     return _ndarray(dst)
 
 
-cdef _wait(list nds, OneHandle wait):
-    """``wait`` on every NDArray in ``nds`` without the GIL; not at all when
-    they hold less than NOGIL_MIN_BYTES in all: a backlog of small arrays costs
-    nothing (malloc reuses them without page faults), a wait a thread wake-up."""
+def wait_written(list nds):
+    """Return when no engine op still writes the NDArrays in ``nds``
+    (MXNDArrayWaitToRead, without the GIL): e.g. the copies into them have
+    run. Not at all when they hold less than NOGIL_MIN_BYTES in all: a
+    backlog of small arrays costs nothing (malloc reuses them without page
+    faults), a wait a thread wake-up."""
     cdef Py_ssize_t i, n = len(nds)
     cdef int rc = 0, dtype = 0, ndim, d
     cdef int64_t shape[MAX_NDIM]
     cdef size_t nbytes = 0, one
-    cdef Handle *hs
-    for i in range(n):
-        if _get_dtype(_handle_of(nds[i]), &dtype) != 0:
-            _error()
-        ndim = _shape_of(_handle_of(nds[i]), shape)
-        if ndim > 0 and 0 <= dtype < N_DTYPES:
-            one = ITEMSIZE[dtype]
-            for d in range(ndim):
-                one *= <size_t>shape[d]
-            nbytes += one
-    if nbytes < NOGIL_MIN_BYTES:
-        return
-    hs = <Handle *>malloc(n * sizeof(Handle))
+    cdef Handle *hs = <Handle *>malloc(n * sizeof(Handle) + 1)   # + 1: malloc(0) may give NULL
     if hs == NULL:
         raise MemoryError("prefetch.mx: out of memory")
     try:
         for i in range(n):
             hs[i] = _handle_of(nds[i])
+            if _get_dtype(hs[i], &dtype) != 0:
+                _error()
+            ndim = _shape_of(hs[i], shape)
+            if ndim > 0 and 0 <= dtype < N_DTYPES:
+                one = ITEMSIZE[dtype]
+                for d in range(ndim):
+                    one *= <size_t>shape[d]
+                nbytes += one
+        if nbytes < NOGIL_MIN_BYTES:
+            return
         with nogil:
             for i in range(n):
-                rc = wait(hs[i])
+                rc = _wait_to_read(hs[i])
                 if rc != 0:
                     break
         if rc != 0:
             _error()
     finally:
         free(hs)
-
-
-def wait_written(list nds):
-    """Return when no engine op still writes the (large) NDArrays in ``nds``
-    (MXNDArrayWaitToRead): e.g. the copies into them have run."""
-    _wait(nds, _wait_to_read)
 
 
 def wait_all():

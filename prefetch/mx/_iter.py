@@ -149,6 +149,15 @@ def _descs(iters, renames, attr):
     ] for r, i in zip(renames, iters)], [])
 
 
+def _current(field):
+    """mx's ``get<field>()``: the current batch's ``field``, once open."""
+    def get(self):
+        self._check_open()
+        return getattr(self.current_batch, field)
+    get.__name__, get.__qualname__ = f"get{field}", f"PrefetchingIter.get{field}"
+    return get
+
+
 class PrefetchingIter(mx.io.DataIter):
     """Prefetches batches of one or several DataIters on a background thread,
     each batch a fresh copy (drop-in for ``mx.io.PrefetchingIter``).
@@ -279,21 +288,7 @@ class PrefetchingIter(mx.io.DataIter):
             return self.current_batch
         raise StopIteration
 
-    def getdata(self):
-        self._check_open()
-        return self.current_batch.data
-
-    def getlabel(self):
-        self._check_open()
-        return self.current_batch.label
-
-    def getindex(self):
-        self._check_open()
-        return self.current_batch.index
-
-    def getpad(self):
-        self._check_open()
-        return self.current_batch.pad
+    getdata, getlabel, getindex, getpad = map(_current, ("data", "label", "index", "pad"))
 
     def stats(self):
         """``prefetch.Stats`` of the current epoch's prefetcher."""

@@ -74,31 +74,20 @@ def say(note, workers, reason):
                  method=start_method(), same="the same batches, order and batchify_fn")
 
 
-class _Rest:
-    """The pass's index lists not opened by the threads, as Gluon's iterator reads its batch sampler."""
-
-    def __init__(self):
-        self.batches = iter(())
-
-    def __iter__(self):
-        return self.batches
-
-
 class Pool:
     """Gluon's own worker pool for one DataLoader: made at the first hand-over,
     kept across its passes, ended by ``close()``."""
 
     def __init__(self, dataset, batchify_fn, workers, pin_memory, pin_device_id, prefetch, timeout):
-        self.rest = _Rest()
         self.gluon = mx.gluon.data.DataLoader(
-            dataset, batch_sampler=self.rest, batchify_fn=batchify_fn, num_workers=workers,
+            dataset, batch_sampler=[], batchify_fn=batchify_fn, num_workers=workers,
             pin_memory=pin_memory, pin_device_id=pin_device_id, prefetch=prefetch, thread_pool=False,
             timeout=timeout)
 
     def batches(self, keys):
         """Gluon's batches of the index lists ``keys``, in their order, its
         workers loading from now (refresh(): Gluon's own start of a pass)."""
-        self.rest.batches = keys
+        self.gluon._batch_sampler = keys   # what refresh() reads, as Gluon's DataLoader made it
         self.gluon.refresh()
         return iter(self.gluon)
 

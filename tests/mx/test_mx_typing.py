@@ -63,3 +63,11 @@ def test_stub_constructor_matches_the_runtime_one():
     params = list(inspect.signature(pmx.PrefetchingIter.__init__).parameters)[1:]
     for name in params:
         assert f"{name}:" in stub.split("def __init__", 1)[1].split(") -> None", 1)[0], name
+
+
+def test_stub_dataloader_constructor_names_every_runtime_parameter():
+    """The DataLoader stub takes what the runtime constructor takes, the
+    keyword-only loading= too (mypy --strict refused DataLoader(..., loading="threads"))."""
+    init = STUB.read_text().split("class DataLoader", 1)[1].split("def __init__", 1)[1].split(") -> None", 1)[0]
+    for name in list(inspect.signature(pmx.DataLoader.__init__).parameters)[1:]:
+        assert f"{name}:" in init, name
