@@ -47,8 +47,8 @@ from prefetch._options import (
     check_int,
     usable_cpus,
 )
-from prefetch._resume import _LoaderState, _Record, _Resume, _skipping
-from prefetch._streams import StreamRecord, Workers, stream_copy
+from prefetch._resume import Position, _Resume, _skipping, order_part
+from prefetch._streams import Workers, stream_copy
 from prefetch._types import ClosedError, Stats
 
 __all__ = ["Loader", "map", "sample_rng", "worker_info"]
@@ -199,14 +199,8 @@ class _Threaded(_Lifecycle):
         """The epoch's batches of keys, the key range (-1: any key) and the rows per batch."""
         raise NotImplementedError
 
-    _resume: Optional[_Resume] = None   # load_state_dict(): where the next epoch continues
     _started = False                    # an epoch has started
-    _record: Optional[_Record] = None   # the epoch started last, for state_dict()
-
-    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
-        """The record of epoch ``epoch`` about to start (a subclass restores
-        its sampler's state here)."""
-        return _Record(epoch, resume, None, self._options.ordered)
+    _position: Optional[Position] = None   # a Loader's resume state; None: map's, which has none
 
     def _order(self, epoch: int) -> Any:
         """What epoch ``epoch``'s order is a function of, where it is known
@@ -230,11 +224,12 @@ class _Threaded(_Lifecycle):
             old = self._core
             if old is not None:
                 old.end_replaced()   # a next() on its iterator meets the end of its epoch
-            epoch, resume = self._epoch, self._resume
-            record = self._begin(epoch, resume)
+            epoch, position = self._epoch, self._position
+            resume = None if position is None else position.resume
+            record = None if position is None else position.begin(epoch)
             batches, n_keys, rows = self._keys(epoch)
-            if record.numbers is not None and resume is not None:
-                batches = _skipping(batches, resume, record.numbers)
+            if record is not None and record.skipped is not None and record.numbers is not None:
+                batches = _skipping(batches, record.skipped, record.numbers)
             # Where the orders are the loader's own, the next epoch's first
             # batches are opened as this one's last are consumed, and this
             # one's may have been opened already (a resumed epoch skips some:
@@ -247,11 +242,9 @@ class _Threaded(_Lifecycle):
             stage = self._stage.start_epoch(batches, epoch, n_keys, self._options.workers or 0, rows,
                                             order, following)
             self._epoch = epoch + 1
-            self._resume = None
-            core = _Core(stage, pool=self._pool, kind=self._kind,
-                         **self._options.core())
-            record.core, record.stage = core, stage
-            self._record = record
+            core = _Core(stage, pool=self._pool, kind=self._kind, **self._options.core())
+            if position is not None and record is not None:
+                position.started(record, core, stage)
             self._install(core, self._thread_states)
             if self._closing:
                 # close() ran meanwhile (another thread, a signal handler) and
@@ -263,8 +256,8 @@ class _Threaded(_Lifecycle):
     def __iter__(self) -> Any:
         with self._epoch_lock:
             epoch: _Epoch[Any] = _Epoch(self._start_epoch(), self._timeout, self)
-            if self._record is not None:
-                self._record.iterator = weakref.ref(epoch)
+            if self._position is not None and self._position.record is not None:
+                self._position.record.iterator = weakref.ref(epoch)
             return epoch
 
     def _first_core(self) -> _Core:
@@ -298,7 +291,7 @@ class _Threaded(_Lifecycle):
                 f"epoch={self._epoch - 1} state={state}>")
 
 
-class Loader(_LoaderState, _Threaded, Generic[T]):
+class Loader(_Threaded, Generic[T]):
     """Load ``dataset[i]`` on several threads and hand out whole batches, as
     fresh arrays that nothing else can reach.
 
@@ -434,8 +427,8 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         self._epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
         self.dataset = dataset
         self.batch_size = batch_size
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
+        self.sampler: Any = sampler
+        self.batch_sampler: Any = batch_sampler
         self.drop_last = drop_last
         self.shuffle = shuffle
         if batch_size is None and batch_sampler is None:
@@ -446,8 +439,14 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
             self._streams = Workers(dataset, workers, batch_size or 1, drop_last,
                                     self._replicate or stream_copy)
         self._setup(None if stream else dataset.__getitem__, mode, collate, options, device, worker_init)
+        self._position = Position(**{"length": None if stream else len(dataset), "batch_size": batch_size,
+                                     "order": order_part(shuffle, sampler, batch_sampler),
+                                     "sampler": batch_sampler if batch_sampler is not None else sampler,
+                                     "streams": self._streams, "ordered": options.ordered, **self._said})
 
-    _turn = 0   # a stream epoch's worker due first
+    _position: Position
+    # A drop-in's fields of its resume state (Position's framework, order, batch_size).
+    _said: dict[str, Any] = {}
     _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
     # A drop-in's word on whether its dataset is a stream; None: an iterable
     # dataset has __iter__, and not both __getitem__ and __len__.
@@ -462,19 +461,75 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         dropped; for the same epoch it is kept."""
         epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
         with self._epoch_lock:
-            resume = self._resume
-            if resume is not None and resume.epoch != epoch:
-                self._resume = None
-            record = self._record
-            if record is not None and record.core is not None and not record.iterating():
-                self._record = None   # an epoch left by a break is over: the state is epoch's start
+            self._position.set_epoch(epoch)
             if epoch != self._epoch:
                 self._stage.drop_following()   # not the epoch opened early
             self._epoch = epoch
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: a small JSON-serialisable dict (format and
+        version, seed, epoch, the batches of that epoch delivered so far, the
+        dataset's length, the batch size, the sampler's own ``state_dict()``
+        at the epoch's start where it has one; for an iterable dataset, each
+        worker's part instead of a length). Taken at any moment, from any
+        thread, without pausing the loader threads; batches loaded ahead and
+        not yet delivered are not counted. Once an epoch has ended, the state
+        is the next epoch's start."""
+        with self._epoch_lock:
+            return self._position.state_dict(self._epoch, self._seed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` (from ``state_dict()``, of a loader over the
+        same data, batch size and sampler) was taken: the next
+        ``iter(loader)`` delivers the batches an uninterrupted run would have
+        delivered next. Call it before iterating, between epochs, or after a
+        ``break`` out of an epoch's loop (that epoch then ends).
+
+        Raises
+        ------
+        ValueError
+            For a state of another format or version, dataset kind or length,
+            batch size, seed, order (shuffled or not, the sampler's kind) or
+            count of workers reading a stream, one its sampler refuses, or
+            one truncated or edited; the loader is unchanged.
+        ClosedError
+            Once the loader is closed.
+        RuntimeError
+            While an epoch is in progress (its iterator is still held).
+        """
+        if self._closing:
+            raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
+        try:
+            total = len(self)
+        except TypeError:
+            total = -1   # a stream, or a sampler without len(): nothing to check against
+        self._load_checked(*self._position.check(state, self._seed if self._options.seed is not None else None,
+                                                 total))
+
+    def _load_checked(self, resume: _Resume, seed: int) -> None:
+        """Continue where a state checked by ``Position.check`` (or a drop-in's
+        ``check_state``) was taken."""
+        with self._epoch_lock:
+            if self._closing:
+                raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
+            record = self._position.running()
+            if record is not None:
+                if record.iterating():
+                    raise RuntimeError(
+                        f"cannot load a state into {self!r} while its epoch {record.epoch} is in progress; "
+                        "load it before iterating, once the epoch has ended, or after a break out of its loop")
+                # Its iterator is gone (a break): the epoch ends here, and
+                # next(loader) starts the one the state continues.
+                record.core.close()
+                self._core = None
+            self._stage.drop_following()   # the next epoch is the state's
+            self.adopt_seed(seed)
+            self._epoch = resume.epoch
+            self._position.resume = resume
+
     def _keys(self, epoch: int) -> tuple[Any, int, int]:
         if self._streams is not None:   # the workers in turn, from the one due (_map.pxi)
-            return (self._streams.count, self._turn), -1, 1
+            return (self._streams.count, self._streams.turn), -1, 1
         n = len(self.dataset)
         if self.batch_sampler is not None:
             _tell_epoch(self.batch_sampler, epoch)
@@ -514,22 +569,20 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         return keys
 
     def __len__(self) -> int:
+        """Batches per epoch: the batch sampler's length, or the sampler's (or dataset's) in batches."""
         if self._streams is not None:
             raise TypeError(f"{self!r} reads an iterable dataset: its batches are not counted ahead")
-        return _batches_per_epoch(self)
-
-    # -- a stream's state: each worker's part (prefetch/_streams.py) ----------
-
-    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
-        streams = self._streams
-        if streams is None:
-            return super()._begin(epoch, resume)
-        if resume is None:
-            streams.resumed, self._turn = None, 0
-            return StreamRecord(epoch, streams.starts(), 0, self._options.ordered)
-        parts = [dict(p) for p in resume.streams["workers"]]
-        streams.resumed, self._turn = (epoch, parts), resume.streams["next"]
-        return StreamRecord(epoch, list(parts), self._turn, self._options.ordered)
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        if self.sampler is not None:
+            if not isinstance(self.sampler, Sized):
+                raise TypeError(f"the sampler of {self!r} has no len()")
+            n = len(self.sampler)
+        else:
+            n = len(self.dataset)
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
@@ -548,21 +601,6 @@ def _is_stream(dataset: Any) -> bool:
         isinstance(dataset, types.GeneratorType) or cls.__module__ in ("builtins", "itertools"))
     return hasattr(cls, "__iter__") and not (hasattr(cls, "__getitem__") and hasattr(cls, "__len__")) \
         and not one_shot
-
-
-def _batches_per_epoch(loader: Loader[Any]) -> int:
-    """len(loader): its batch sampler's length, or its sampler's (or dataset's) in batches."""
-    if loader.batch_sampler is not None:
-        return len(loader.batch_sampler)
-    if loader.sampler is not None:
-        if not isinstance(loader.sampler, Sized):
-            raise TypeError(f"the sampler of {loader!r} has no len()")
-        n = len(loader.sampler)
-    else:
-        n = len(loader.dataset)
-    if loader.batch_size is None:
-        return n
-    return n // loader.batch_size if loader.drop_last else math.ceil(n / loader.batch_size)
 
 
 class _Mapped(_Threaded, Generic[T]):
