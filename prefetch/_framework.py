@@ -108,9 +108,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
                           **({} if said_batch_size is _OWN else {"batch_size": said_batch_size}))
         super().__init__(dataset, **kwargs)
 
-    def _stage_hooks(self, **given: Any) -> Any:
-        return super()._stage_hooks(**self._hooks, **given)
-
     # Continue where a state was taken that the drop-in's load_state_dict
     # checked (check_state with this loader's fields, its sampler and
     # framework parts by their owners): it is not checked again.

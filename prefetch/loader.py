@@ -69,10 +69,7 @@ def _own_batches(n: int, seed: int, epoch: int, shuffle: bool, batch_size: Optio
     sampler): a function of its arguments alone, computed as it is first read."""
     keys: Iterator[Any] = (ints(np.random.default_rng([seed, epoch]).permutation(n)) if shuffle
                            else iter(range(n)))
-    if batch_size is None:
-        yield from ([k] for k in keys)
-    else:
-        yield from _chunks(keys, batch_size, drop_last)
+    yield from _batched(keys, batch_size, drop_last)
 
 
 def ints(perm: Any) -> Iterator[int]:
@@ -83,7 +80,11 @@ def ints(perm: Any) -> Iterator[int]:
         yield from perm[start:start + 4096].tolist()
 
 
-def _chunks(keys: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
+def _batched(keys: Iterator[Any], size: Optional[int], drop_last: bool) -> Iterator[list[Any]]:
+    """The key lists of ``size`` keys each (None: each key alone)."""
+    if size is None:
+        yield from ([k] for k in keys)
+        return
     while True:
         chunk = list(itertools.islice(keys, size))
         if len(chunk) < size:
@@ -148,6 +149,10 @@ class _Threaded(_Lifecycle):
     _kind = "loader"
     _epoch = 0
     _streams: Optional[Workers] = None   # an iterable dataset's workers; None: map-style
+    # What a drop-in gives its map stage (prefetch/_framework.py): each
+    # thread's own load, a lookahead, its failure policy, the GIL notice's
+    # remedy and whether it was given.
+    _hooks: dict[str, Any] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Before __init__ (here, not on the subclasses, whose signature
@@ -155,15 +160,6 @@ class _Threaded(_Lifecycle):
         # gets the message naming ours, not Python's "unexpected keyword".
         check_habits(cls.__name__, kwargs)
         return super().__new__(cls)
-
-    def _stage_hooks(self, **given: Any) -> _StageHooks:
-        """What a drop-in ``given`` its map stage (prefetch/_framework.py):
-        each thread's own load, a lookahead, its failure policy, the GIL
-        notice's remedy and whether it was given; a stream's: each thread
-        its worker."""
-        if self._streams is not None:
-            given.update(per_thread=self._streams, stream=True)
-        return _StageHooks(**given)
 
     def _setup(self, load: Optional[Callable[[Any], Any]], mode: int, collate: Any, options: Options,
                device: Any, worker_init: Any) -> None:
@@ -182,8 +178,9 @@ class _Threaded(_Lifecycle):
         # The assembly is the device's one holder: the stage closes it.
         asm = assembly(mode, collate, self._pool, None if device is None else adapters._open_device(device),
                        options.name)
+        hooks = self._hooks if self._streams is None else dict(self._hooks, per_thread=self._streams, stream=True)
         self._stage = _MapStage(load, asm, options, worker_init, self._seed, self._thread_states, auto,
-                                self._stage_hooks())
+                                _StageHooks(**hooks))
         self._owned = (self._stage, self._pool)
         self._name = options.name
         self._remember_caller()
@@ -280,9 +277,6 @@ class _Threaded(_Lifecycle):
         if core is None:
             return Stats(depth=self._options.depth, **self._stage.stats())
         return Stats(**core.stats())
-
-    def __enter__(self) -> Any:
-        return self
 
     def __repr__(self) -> str:
         core = self._core
@@ -535,13 +529,11 @@ class Loader(_Threaded, Generic[T]):
             _tell_epoch(self.batch_sampler, epoch)
             return self._iter_sampler(self.batch_sampler, "batch_sampler"), n, 1
         if self.sampler is None:   # the loader's own order: read lazily, on a loader thread
-            return (_own_batches(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last), n,
-                    self.batch_size or 1)
-        _tell_epoch(self.sampler, epoch)
-        keys: Iterator[Any] = self._iter_sampler(self.sampler, "sampler")
-        if self.batch_size is None:
-            return ([k] for k in keys), n, 1
-        return _chunks(keys, self.batch_size, self.drop_last), n, self.batch_size
+            batches = _own_batches(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last)
+        else:
+            _tell_epoch(self.sampler, epoch)
+            batches = _batched(self._iter_sampler(self.sampler, "sampler"), self.batch_size, self.drop_last)
+        return batches, n, self.batch_size or 1
 
     def _order(self, epoch: int) -> Any:
         # Only an order no user code gives: a sampler may change between
