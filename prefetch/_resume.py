@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 from prefetch._options import MAX_EPOCH, MAX_SEED, check_int
 
@@ -72,21 +72,17 @@ def try_state(holder: Any, saved: Any) -> None:
         holder.load_state_dict(own)
 
 
-class _Resume:
+class _Resume(NamedTuple):
     """Where a loaded state continues: epoch ``epoch`` without the batches
     numbered below ``prefix`` nor those in ``extras`` (delivered before the
     state was saved, out of order), the sampler's state restored first."""
 
-    __slots__ = ("epoch", "prefix", "extras", "sampler", "streams", "framework")
-
-    def __init__(self, epoch: int, prefix: int, extras: list[int], sampler: Any, streams: Any,
-                 framework: Any) -> None:
-        self.epoch = epoch
-        self.prefix = prefix
-        self.extras = extras
-        self.sampler = sampler
-        self.streams = streams        # a stream's parts (checked: one per worker), else None
-        self.framework = framework    # a drop-in's parts (its own to check), else None
+    epoch: int
+    prefix: int
+    extras: list[int]
+    sampler: Any
+    streams: Any     # a stream's parts (checked: one per worker), else None
+    framework: Any   # a drop-in's parts (its own to check), else None
 
 
 class _Record:

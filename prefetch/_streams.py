@@ -139,12 +139,9 @@ class Workers:
 
     def __init__(self, dataset: Any, count: int, rows: int, drop_last: bool,
                  replicate: Callable[[Any, int], Any]) -> None:
-        self.dataset = dataset
         self.count = count
         self.rows = rows
         self.drop_last = drop_last
-        self.replicate = replicate
-        self.made: list[Optional[_Worker]] = [None] * count
         self.resumed: Optional[tuple[int, list[dict[str, Any]]]] = None   # (epoch, parts) of a loaded state
         self.turn = 0   # the worker due first in the epoch begun last
         # Each worker's copy, made here, on the thread that makes the loader:
@@ -155,8 +152,7 @@ class Workers:
         self.copies = [replicate(dataset, w) for w in range(count)]
 
     def __call__(self, worker_id: int) -> _Worker:
-        worker = self.made[worker_id] = _Worker(worker_id, self.copies[worker_id], self)
-        return worker
+        return _Worker(worker_id, self.copies[worker_id], self)
 
     def begin(self, epoch: int, resumed: Optional[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
         """Epoch ``epoch`` begins, continuing a loaded state's stream parts
@@ -176,5 +172,5 @@ class Workers:
 
     def starts(self) -> list[dict[str, Any]]:
         """Each worker's part as an epoch begins (its threads not reading):
-        its replica's own state, or the dataset's it will copy."""
-        return [start_part(self.dataset if w is None else w.dataset) for w in self.made]
+        its copy's own state."""
+        return [start_part(dataset) for dataset in self.copies]
