@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from prefetch import _warn
 from prefetch._core import MAP_KEYS_UNCHECKED
@@ -130,9 +130,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     def _order(self, epoch: int) -> Any:
         order = getattr(self.batch_sampler, "order", None)
         return None if order is None else order(epoch)
-
-    def _order_batches(self, plan: Any) -> Iterator[list[Any]]:
-        return plan.batches()  # type: ignore[no-any-return]
 
 
 def close_when_dropped(owner: Any, close: Callable[[], None]) -> None:

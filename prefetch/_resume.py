@@ -335,11 +335,6 @@ class Position:
         record.core, record.stage = core, stage
         self.record, self.resume = record, None
 
-    def running(self) -> Optional[_Record]:
-        """The record of the epoch started last while it runs."""
-        record = self.record
-        return record if record is not None and record.core.state == "running" else None
-
     def set_epoch(self, epoch: int) -> None:
         """The loader's next epoch is ``epoch``: a state loaded for another is
         dropped, and an epoch left by a break is over (the state is then

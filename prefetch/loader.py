@@ -15,7 +15,7 @@ import os
 import threading
 import types
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Optional, Sized, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, NamedTuple, Optional, TypeVar
 
 import numpy as np
 
@@ -63,13 +63,22 @@ def _tell_epoch(sampler: Any, epoch: int) -> None:
         set_epoch(epoch)
 
 
-def _own_batches(n: int, seed: int, epoch: int, shuffle: bool, batch_size: Optional[int],
-                 drop_last: bool) -> Iterator[list[Any]]:
-    """The key lists of an epoch whose order the Loader gives itself (no
-    sampler): a function of its arguments alone, computed as it is first read."""
-    keys: Iterator[Any] = (ints(np.random.default_rng([seed, epoch]).permutation(n)) if shuffle
-                           else iter(range(n)))
-    yield from _batched(keys, batch_size, drop_last)
+class _OwnOrder(NamedTuple):
+    """An epoch whose order the Loader gives itself (no sampler): its key
+    lists are a function of these alone (compared whole: equal orders, equal
+    batches), as a drop-in's plan of its framework's order is."""
+    n: int
+    seed: int
+    epoch: int
+    shuffle: bool
+    batch_size: Optional[int]
+    drop_last: bool
+
+    def batches(self) -> Iterator[list[Any]]:
+        """The key lists, computed as they are first read (on a loader thread)."""
+        keys: Iterator[Any] = (ints(np.random.default_rng([self.seed, self.epoch]).permutation(self.n))
+                               if self.shuffle else iter(range(self.n)))
+        yield from _batched(keys, self.batch_size, self.drop_last)
 
 
 def ints(perm: Any) -> Iterator[int]:
@@ -201,13 +210,9 @@ class _Threaded(_Lifecycle):
 
     def _order(self, epoch: int) -> Any:
         """What epoch ``epoch``'s order is a function of, where it is known
-        before the epoch starts (its batches may then be opened before);
-        None where it is not."""
+        before the epoch starts (its batches may then be opened before): a
+        plan whose ``batches()`` are its key lists; None where it is not."""
         return None
-
-    def _order_batches(self, order: Any) -> Iterator[list[Any]]:
-        """The key lists of the order ``_order`` named."""
-        raise NotImplementedError
 
     def _start_epoch(self) -> _Core:
         """Start the next epoch (closing the current one) and return its core."""
@@ -235,7 +240,7 @@ class _Threaded(_Lifecycle):
             order = self._order(epoch) if resume is None else None
             after = self._order(epoch + 1) if self._started else None
             self._started = True
-            following = None if after is None else (after, epoch + 1, self._order_batches(after))
+            following = None if after is None else (after, epoch + 1, after.batches())
             stage = self._stage.start_epoch(batches, epoch, n_keys, self._options.workers or 0, rows,
                                             order, following)
             self._epoch = epoch + 1
@@ -506,8 +511,8 @@ class Loader(_Threaded, Generic[T]):
         with self._epoch_lock:
             if self._closing:
                 raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
-            record = self._position.running()
-            if record is not None:
+            record = self._position.record
+            if record is not None and record.core.state == "running":
                 if record.iterating():
                     raise RuntimeError(
                         f"cannot load a state into {self!r} while its epoch {record.epoch} is in progress; "
@@ -529,7 +534,7 @@ class Loader(_Threaded, Generic[T]):
             _tell_epoch(self.batch_sampler, epoch)
             return self._iter_sampler(self.batch_sampler, "batch_sampler"), n, 1
         if self.sampler is None:   # the loader's own order: read lazily, on a loader thread
-            batches = _own_batches(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last)
+            batches = _OwnOrder(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last).batches()
         else:
             _tell_epoch(self.sampler, epoch)
             batches = _batched(self._iter_sampler(self.sampler, "sampler"), self.batch_size, self.drop_last)
@@ -540,10 +545,7 @@ class Loader(_Threaded, Generic[T]):
         # epochs (its set_epoch called by the user, a state loaded into it).
         if self.sampler is not None or self.batch_sampler is not None or self._streams is not None:
             return None
-        return (len(self.dataset), self._seed, epoch, self.shuffle, self.batch_size, self.drop_last)
-
-    def _order_batches(self, order: Any) -> Iterator[list[Any]]:
-        return _own_batches(*order)
+        return _OwnOrder(len(self.dataset), self._seed, epoch, self.shuffle, self.batch_size, self.drop_last)
 
     _sampler_read = False   # a one-shot sampler (an iterator) gave its epoch
 
@@ -567,7 +569,7 @@ class Loader(_Threaded, Generic[T]):
         if self.batch_sampler is not None:
             return len(self.batch_sampler)
         if self.sampler is not None:
-            if not isinstance(self.sampler, Sized):
+            if not isinstance(self.sampler, collections.abc.Sized):
                 raise TypeError(f"the sampler of {self!r} has no len()")
             n = len(self.sampler)
         else:
@@ -625,7 +627,7 @@ class _Mapped(_Threaded, Generic[T]):
         return ([item] for item in items), -1, 1
 
     def __len__(self) -> int:
-        if not isinstance(self._iterable, Sized):
+        if not isinstance(self._iterable, collections.abc.Sized):
             raise TypeError(f"the iterable of {self!r} has no len()")
         return len(self._iterable)
 
