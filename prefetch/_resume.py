@@ -296,19 +296,19 @@ class Position:
     ``record``) and a loaded state the next epoch continues (``resume``);
     what ``state_dict()`` says of them, the check of a state loaded, and the
     sampler's and a stream's workers' parts as an epoch begins. Given once
-    what its loader's states record and are checked against: the dataset's
-    length (None: a stream, read by ``streams``), the batch size, the order
+    what its loader's states record and are checked against: the dataset
+    (its length; a stream's read by ``streams``), the batch size, the order
     (``order_part``), the sampler with a state of its own (or None) and the
     drop-in's part (None: the Loader's). The loader gives it the epoch and
     seed where they are needed, under its epoch lock; it holds no reference
     to the loader, which its threads must not keep alive."""
 
-    __slots__ = ("length", "batch_size", "order", "sampler", "streams", "framework", "ordered", "record",
+    __slots__ = ("dataset", "batch_size", "order", "sampler", "streams", "framework", "ordered", "record",
                  "resume")
 
-    def __init__(self, *, length: Optional[int], batch_size: Any, order: dict[str, Any], sampler: Any,
+    def __init__(self, *, dataset: Any, batch_size: Any, order: dict[str, Any], sampler: Any,
                  streams: Optional[Workers], ordered: bool, framework: Any = None) -> None:
-        self.length = length
+        self.dataset = dataset
         self.batch_size = batch_size
         self.order = order
         self.sampler = sampler if stateful(sampler) else None
@@ -317,6 +317,10 @@ class Position:
         self.framework = framework
         self.record: Optional[_Record] = None   # the epoch started last, with its core
         self.resume: Optional[_Resume] = None   # load_state_dict(): where the next epoch continues
+
+    def length(self) -> Optional[int]:
+        """The dataset's length now (each epoch reads it as it starts); None for a stream."""
+        return None if self.streams is not None else len(self.dataset)
 
     def begin(self, epoch: int) -> _Record:
         """The record of epoch ``epoch`` about to start, the loaded state's
@@ -362,7 +366,7 @@ class Position:
             prefix, extras = record.delivered()
         if parts is not None:   # a stream: the batches its workers delivered
             prefix = sum(p["batches"] for p in parts["workers"])
-        return make_state(seed=seed, epoch=epoch, prefix=prefix, extras=extras, dataset_length=self.length,
+        return make_state(seed=seed, epoch=epoch, prefix=prefix, extras=extras, dataset_length=self.length(),
                           batch_size=self.batch_size, order=self.order, sampler=sampler,
                           streams=copy.deepcopy(parts), framework=self.framework)
 
@@ -371,7 +375,7 @@ class Position:
         loader's own, None: any), and its sampler's part by the sampler:
         ``state``'s resume and seed, nothing changed."""
         framework = self.framework
-        resume, seed = check_state(state, dataset_length=self.length, batch_size=self.batch_size, order=self.order,
+        resume, seed = check_state(state, dataset_length=self.length(), batch_size=self.batch_size, order=self.order,
                                    seed=seed, batches_per_epoch=batches_per_epoch,
                                    sampler_has_state=self.sampler is not None,
                                    framework=None if framework is None else framework["name"],

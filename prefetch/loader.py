@@ -107,6 +107,8 @@ class _Epoch(_Iterator, Generic[T]):
     """One epoch of a ``Loader`` or ``map``: what ``iter(loader)`` returns.
     Threads calling ``next()`` on it share the epoch, each batch going to one."""
 
+    _core: _Core   # made with its epoch's core, which it keeps
+
     def __init__(self, core: _Core, timeout: Optional[float], loader: "_Threaded") -> None:
         self._core = core
         self._timeout = timeout
@@ -115,9 +117,7 @@ class _Epoch(_Iterator, Generic[T]):
         self._loader = loader
 
     def __repr__(self) -> str:
-        core = self._core
-        state = "closed" if core is None else core.state
-        return f"<epoch iterator of {self._loader!r}: {state}>"
+        return f"<epoch iterator of {self._loader!r}: {self._core.state}>"
 
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]
@@ -129,22 +129,17 @@ class _Epoch(_Iterator, Generic[T]):
         """Batch errors raised by next(), the epoch going on after each (a
         drop-in's continue policy): a next() that raised and changed it
         raised that batch's error, not the epoch's end."""
-        return self._epoch_core().failed
+        return self._core.failed
 
     @property
     def running(self) -> bool:
         """The epoch has not ended, failed or been closed."""
-        return self._epoch_core().state == "running"
+        return self._core.state == "running"
 
     def stop(self) -> None:
         """The epoch ends here (a drop-in's pass dropped before its end): its
         loading stops, and a next() on it ends it (StopIteration)."""
-        self._epoch_core().end_replaced()
-
-    def _epoch_core(self) -> _Core:
-        core = self._core
-        assert core is not None   # an epoch iterator is made with its core
-        return core
+        self._core.end_replaced()
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
@@ -438,7 +433,7 @@ class Loader(_Threaded, Generic[T]):
             self._streams = Workers(dataset, workers, batch_size or 1, drop_last,
                                     self._replicate or stream_copy)
         self._setup(None if stream else dataset.__getitem__, mode, collate, options, device, worker_init)
-        self._position = Position(**{"length": None if stream else len(dataset), "batch_size": batch_size,
+        self._position = Position(**{"dataset": dataset, "batch_size": batch_size,
                                      "order": order_part(shuffle, sampler, batch_sampler),
                                      "sampler": batch_sampler if batch_sampler is not None else sampler,
                                      "streams": self._streams, "ordered": options.ordered, **self._said})
