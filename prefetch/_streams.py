@@ -78,6 +78,8 @@ class _Worker:
         rows = self.owner.rows
         samples = []
         ended = False
+        # next() itself, not islice(): that calls iter(), which restarts a
+        # stream that is its own iterator.
         for _ in range(rows):
             try:
                 samples.append(next(self.iterator))
