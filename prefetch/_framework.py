@@ -59,12 +59,7 @@ __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Op
            "check_num_workers", "check_state", "close_when_dropped", "ints", "machinery", "make_state",
            "order_part", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
-           "stream_copy",
-           "try_state", "unpicklable", "warn_at_user", "warn_consumer", "worker_info"]
-
-
-def _remedy(framework_loader: str) -> str:
-    return f"{framework_loader} (processes), wrapped in prefetch.Prefetcher to keep the same batch guarantees"
+           "stream_copy", "try_state", "unpicklable", "warn_at_user", "warn_consumer", "worker_info"]
 
 
 _OWN = object()   # said_batch_size not given: the Loader's own batch_size
@@ -98,7 +93,8 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
                  **kwargs: Any) -> None:
         self._stream = stream
         self._replicate = per_thread if stream else None
-        self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
+        self._hooks = dict(remedy=f"{remedy} (processes), wrapped in prefetch.Prefetcher to keep the same "
+                                  "batch guarantees", lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
                            on_notice=on_notice,
                            # each thread's dataset; a partial: the threads keep no loader alive
                            per_thread=None if per_thread is None or stream else functools.partial(per_thread, dataset))
