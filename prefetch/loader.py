@@ -595,11 +595,9 @@ def _is_stream(dataset: Any) -> bool:
 class _Mapped(_Threaded, Generic[T]):
     """What ``prefetch.map`` returns."""
 
-    def __init__(self, fn: Callable[[Any], T], iterable: Iterable[Any], workers: Any, ordered: bool,
-                 depth: int, timeout: Optional[float], name: Optional[str],
-                 worker_init: Optional[Callable[[int], Any]]) -> None:
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r} ({type(fn).__name__})")
+    def __init__(self, fn: Callable[[Any], T], iterable: Iterable[Any],
+                 worker_init: Optional[Callable[[int], Any]], **options: Any) -> None:
+        check_callable("fn", fn, optional=False)
         try:
             items = iter(iterable)
         except TypeError:
@@ -607,9 +605,7 @@ class _Mapped(_Threaded, Generic[T]):
         # A one-shot iterator is read once; a re-iterable one again each epoch.
         self._items: Optional[Iterator[Any]] = items
         self._iterable = None if items is iterable else iterable
-        options = Options.check("loader", name=name, depth=depth, workers=workers, timeout=timeout,
-                                ordered=ordered)
-        self._setup(fn, MAP_SINGLE, None, options, None, worker_init)
+        self._setup(fn, MAP_SINGLE, None, Options.check("loader", **options), None, worker_init)
 
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         items = self._items
@@ -648,4 +644,5 @@ def map(fn: Callable[[Any], T], iterable: Iterable[Any], *, workers: Any = "auto
         # naming ours; any other, Python's own.
         check_habits("map", unknown)
         raise TypeError(f"map() got an unexpected keyword argument {next(iter(unknown))!r}")
-    return _Mapped(fn, iterable, workers, ordered, depth, timeout, name, worker_init)
+    return _Mapped(fn, iterable, worker_init, name=name, depth=depth, workers=workers, timeout=timeout,
+                   ordered=ordered)
