@@ -439,7 +439,8 @@ class Loader(_Threaded, Generic[T]):
                                      "streams": self._streams, "ordered": options.ordered, **self._said})
 
     _position: Position
-    # A drop-in's fields of its resume state (Position's framework, order, batch_size).
+    # A drop-in's fields of its resume state, in place of the Loader's own (Position's
+    # framework, order, batch_size).
     _said: dict[str, Any] = {}
     _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
     # A drop-in's word on whether its dataset is a stream; None: an iterable
