@@ -21,10 +21,10 @@ thread with the GIL held; ``open`` and a thread state's ``capture`` run in the
 """
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import importlib.util
 import pathlib
+import re
 import sys
 import threading
 from typing import Any, Callable, Optional, Protocol, Sequence
@@ -207,20 +207,18 @@ def _bundled() -> dict[str, importlib.metadata.EntryPoint]:
     metadata (a source tree, a vendored copy) a framework's arrays would
     otherwise pass through uncopied."""
     found = {}
-    package = pathlib.Path(__file__).parent
-    for init in sorted(package.glob("*/__init__.py")):
+    for init in sorted(pathlib.Path(__file__).parent.glob("*/__init__.py")):
         try:
-            tree = ast.parse(init.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, ValueError):
+            line = _FRAMEWORK_LINE.search(init.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             continue
-        for node in tree.body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "FRAMEWORK"
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-                name = node.value.value
-                found[name] = importlib.metadata.EntryPoint(name, f"{__package__}.{init.parent.name}",
-                                                            ENTRY_POINT_GROUP)
+        if line is not None:
+            found[line[1]] = importlib.metadata.EntryPoint(line[1], f"{__package__}.{init.parent.name}",
+                                                           ENTRY_POINT_GROUP)
     return found
+
+
+_FRAMEWORK_LINE = re.compile(r"""^FRAMEWORK = ["']([\w.]+)["']$""", re.MULTILINE)
 
 
 def _import_adapter_for(t: type) -> bool:
