@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from prefetch import _warn
 from prefetch._core import MAP_KEYS_UNCHECKED
@@ -39,7 +39,7 @@ from prefetch._options import (
     check_num_workers,
 )
 from prefetch._replica import replica
-from prefetch._resume import _Resume, check_state, make_state, order_part, stateful, try_state
+from prefetch._resume import check_state, make_state, order_part, stateful, try_state
 from prefetch._streams import start_part, stream_copy
 from prefetch._types import ClosedError, GILBoundWarning, Stats
 from prefetch._warn import machinery, warn_consumer
@@ -59,12 +59,7 @@ __all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Op
            "check_num_workers", "check_state", "close_when_dropped", "ints", "machinery", "make_state",
            "order_part", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
-           "stream_copy",
-           "try_state", "unpicklable", "warn_at_user", "warn_consumer", "worker_info"]
-
-
-def _remedy(framework_loader: str) -> str:
-    return f"{framework_loader} (processes), wrapped in prefetch.Prefetcher to keep the same batch guarantees"
+           "stream_copy", "try_state", "unpicklable", "warn_at_user", "warn_consumer", "worker_info"]
 
 
 _OWN = object()   # said_batch_size not given: the Loader's own batch_size
@@ -98,36 +93,21 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
                  **kwargs: Any) -> None:
         self._stream = stream
         self._replicate = per_thread if stream else None
-        self._hooks = dict(remedy=_remedy(remedy), lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
+        self._hooks = dict(remedy=f"{remedy} (processes), wrapped in prefetch.Prefetcher to keep the same "
+                                  "batch guarantees", lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
                            on_notice=on_notice,
                            # each thread's dataset; a partial: the threads keep no loader alive
                            per_thread=None if per_thread is None or stream else functools.partial(per_thread, dataset))
-        self._framework = framework
-        self._order_given = order
+        # What its resume state records and checks: the drop-in's part, and
+        # the framework's order and batch size (its batch sampler makes the batches).
+        self._said = dict(framework=framework, **({} if order is None else {"order": order}),
+                          **({} if said_batch_size is _OWN else {"batch_size": said_batch_size}))
         super().__init__(dataset, **kwargs)
-        if said_batch_size is not _OWN:
-            # The framework's batch size (its batch sampler makes the
-            # batches): what the resume state records and checks.
-            self.batch_size = said_batch_size
 
-    def _stage_hooks(self, **given: Any) -> Any:
-        return super()._stage_hooks(**self._hooks, **given)
-
-    # The drop-in's part of the resume state (its framework's name under
-    # "name"): saved with the Loader's, and a state without it refused.
-
-    def _framework_part(self) -> Any:
-        return self._framework
-
-    def _order_part(self) -> dict[str, Any]:
-        return self._order_given if self._order_given is not None else super()._order_part()
-
-    def load_checked(self, resume: _Resume, seed: int) -> None:
-        """Continue where a state was taken that the drop-in's
-        ``load_state_dict`` checked (``check_state`` with this loader's
-        fields, its sampler and framework parts by their owners): it is not
-        checked again."""
-        self._load_checked(resume, seed)
+    # Continue where a state was taken that the drop-in's load_state_dict
+    # checked (check_state with this loader's fields, its sampler and
+    # framework parts by their owners): it is not checked again.
+    load_checked = Loader._load_checked
 
     @property
     def gil_noticed(self) -> bool:
@@ -146,9 +126,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     def _order(self, epoch: int) -> Any:
         order = getattr(self.batch_sampler, "order", None)
         return None if order is None else order(epoch)
-
-    def _order_batches(self, plan: Any) -> Iterator[list[Any]]:
-        return plan.batches()  # type: ignore[no-any-return]
 
 
 def close_when_dropped(owner: Any, close: Callable[[], None]) -> None:

@@ -33,26 +33,19 @@ def _collected(core: _Core, owned: tuple[Any, ...], kind: str, created_at: tuple
     warn where it was created, as an unclosed file does."""
     running = core.state == "running"
     message = f"unclosed {kind} {core.name!r}: call close() or use 'with'"
-    _close_all(core, owned, created_at)
+    # The epoch's core, then what outlives the epochs; a warning about a
+    # stuck thread points at the creation line.
+    with _warn.pointing_at(created_at):
+        try:
+            core.close(at=created_at)
+        finally:
+            for thing in owned:   # a loader's stage or batch copy, a device delivery, the pool
+                thing.close()
     # Under -W error the warning is an exception whose traceback holds this
     # frame: it must not keep the core alive.
     del core
     if running and not _exiting:
         _warn.warn(message, ResourceWarning, created_at)
-
-
-def _close_all(core: Optional[_Core], owned: tuple[Any, ...],
-               at: Optional[tuple[str, int]] = None) -> None:
-    """Close the epoch's core, then what outlives the epochs; a warning about
-    a stuck thread points at ``at`` (the creation line, from a finalizer) or
-    at the user's line."""
-    with _warn.pointing_at(at):
-        try:
-            if core is not None:
-                core.close(at=at)
-        finally:
-            for thing in owned:   # a loader's stage or batch copy, a device delivery, the pool
-                thing.close()
 
 
 def close_aside(close: Callable[[], None], at: Optional[tuple[str, int]]) -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 from prefetch._options import MAX_EPOCH, MAX_SEED, check_int
-from prefetch._types import ClosedError
 
 if TYPE_CHECKING:
     from prefetch._core import _Core, _MapEpoch
+    from prefetch._streams import Workers
 
 STATE_FORMAT = "prefetch.Loader"
 STATE_VERSION = 3
@@ -72,35 +72,32 @@ def try_state(holder: Any, saved: Any) -> None:
         holder.load_state_dict(own)
 
 
-class _Resume:
+class _Resume(NamedTuple):
     """Where a loaded state continues: epoch ``epoch`` without the batches
     numbered below ``prefix`` nor those in ``extras`` (delivered before the
     state was saved, out of order), the sampler's state restored first."""
 
-    __slots__ = ("epoch", "prefix", "extras", "sampler", "streams", "framework")
-
-    def __init__(self, epoch: int, prefix: int, extras: list[int], sampler: Any, streams: Any,
-                 framework: Any) -> None:
-        self.epoch = epoch
-        self.prefix = prefix
-        self.extras = extras
-        self.sampler = sampler
-        self.streams = streams        # a stream's parts (checked: one per worker), else None
-        self.framework = framework    # a drop-in's parts (its own to check), else None
+    epoch: int
+    prefix: int
+    extras: list[int]
+    sampler: Any
+    streams: Any     # a stream's parts (checked: one per worker), else None
+    framework: Any   # a drop-in's parts (its own to check), else None
 
 
 class _Record:
     """What state_dict() reads of the epoch started last: one object,
     replaced whole when an epoch starts, so a reader on another thread sees
-    one epoch's fields together."""
+    one epoch's fields together. Its ``core`` and ``stage`` are set as the
+    epoch starts (``Position.started``), before anything reads them."""
 
     __slots__ = ("epoch", "core", "stage", "ordered", "skipped", "numbers", "sampler", "lock", "seen",
                  "prefix", "done", "iterator")
+    core: _Core
+    stage: _MapEpoch
 
     def __init__(self, epoch: int, skipped: Optional[_Resume], sampler: Any, ordered: bool) -> None:
         self.epoch = epoch
-        self.core: Optional[_Core] = None
-        self.stage: Optional[_MapEpoch] = None
         self.ordered = ordered
         self.skipped = skipped               # the resume this epoch continues, if any
         # With a resume: the number in the whole epoch of each key list the stage read.
@@ -120,18 +117,19 @@ class _Record:
         the loader's own next()."""
         return self.iterator is None or self.iterator() is not None
 
+    def taken(self) -> int:
+        """The batches taken from the core: a batch whose error was raised in
+        its place, the epoch going on (a drop-in's policy), was delivered too."""
+        return self.core.consumed + self.core.failed
+
     def delivered(self) -> tuple[int, list[int]]:
         """The batches delivered so far: all those numbered below the first
         returned, and the (sorted) numbers of those past it."""
-        core, stage, skipped, numbers = self.core, self.stage, self.skipped, self.numbers
-        # A batch whose error was raised in its place, the epoch going on
-        # (a drop-in's policy), was delivered too.
-        taken = 0 if core is None else core.consumed + core.failed
-        if (self.ordered or stage is None) and (skipped is None or not skipped.extras):
+        skipped, numbers, taken = self.skipped, self.numbers, self.taken()
+        if self.ordered and (skipped is None or not skipped.extras):
             return self.prefix + taken, []   # in order: a count
         with self.lock:
-            ks: Iterable[int] = (range(self.seen, taken) if self.ordered or stage is None
-                                 else stage.order[self.seen:taken])
+            ks: Iterable[int] = range(self.seen, taken) if self.ordered else self.stage.order[self.seen:taken]
             done = self.done
             done.update(ks if numbers is None else (numbers[j] for j in ks))
             self.seen = max(self.seen, taken)
@@ -141,6 +139,29 @@ class _Record:
                 prefix += 1
             self.prefix = prefix
             return prefix, sorted(done)
+
+
+class StreamRecord(_Record):
+    """What state_dict() reads of a stream's epoch: each worker's part as of
+    its last batch delivered, and the worker due next."""
+
+    __slots__ = ("parts", "turn")
+
+    def __init__(self, epoch: int, parts: list[dict[str, Any]], turn: int, ordered: bool) -> None:
+        super().__init__(epoch, None, None, ordered)
+        self.parts = parts
+        self.turn = turn
+
+    def streams(self) -> dict[str, Any]:
+        taken = self.taken()
+        with self.lock:
+            for w, state in self.stage.streamed[self.seen:taken]:
+                part = self.parts[w]
+                dataset, iterator = (part["dataset"], part["iterator"]) if state is None else state
+                self.parts[w] = {"batches": part["batches"] + 1, "dataset": dataset, "iterator": iterator}
+                self.turn = (w + 1) % len(self.parts)
+            self.seen = max(self.seen, taken)
+            return {"next": self.turn, "workers": list(self.parts)}
 
 
 def _skipping(batches: Iterator[list[Any]], resume: _Resume, numbers: list[int]) -> Iterator[list[Any]]:
@@ -169,8 +190,6 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
     ``batches_per_epoch`` (-1: unknown), and whose state's framework part is
     ``framework``'s (None: the Loader's own, which has none). Messages call
     the loader ``owner``. It changes nothing."""
-    fixed_seed = seed
-
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
     if state.get("format") != STATE_FORMAT:
@@ -189,19 +208,20 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
     saved_name = saved_framework.get("name") if isinstance(saved_framework, dict) else saved_framework
     if saved_name != framework:
         raise ValueError(f"state was saved by {_owner(saved_name)}; this is {_owner(framework)}")
-    stream, saved_stream = dataset_length is None, state["dataset_length"] is None
-    if stream != saved_stream:
-        raise ValueError(f"state was saved for {_kind(saved_stream)}; this {owner}'s dataset is {_kind(stream)}")
-    saved_length, saved_batch_size = state["dataset_length"], state["batch_size"]
+    stream, saved_length = dataset_length is None, state["dataset_length"]
+    if stream != (saved_length is None):
+        raise ValueError(f"state was saved for {_KINDS[not stream]}; this {owner}'s dataset is {_KINDS[stream]}")
     if saved_length is not None and saved_length != dataset_length:
         raise ValueError(f"state was saved for a dataset of length {saved_length!r}; this {owner}'s "
                          f"has length {dataset_length}")
-    if saved_batch_size != batch_size:
-        raise ValueError(f"state was saved with batch_size={saved_batch_size!r}; this {owner} has "
-                         f"batch_size={batch_size!r}")
-    _check_order(state["order"], order, owner)
+    _same("batch_size", state["batch_size"], batch_size, owner)
+    saved_order = state["order"]
+    if not isinstance(saved_order, dict) or sorted(saved_order) != sorted(_ORDER_KEYS):
+        raise ValueError(f"state has a bad order part (truncated or edited?): {saved_order!r:.200}")
+    for key in _ORDER_KEYS:
+        _same(key, saved_order[key], order[key], owner)
     try:
-        seed = check_int("seed", state["seed"], 0, MAX_SEED)
+        saved_seed = check_int("seed", state["seed"], 0, MAX_SEED)
         epoch = check_int("epoch", state["epoch"], 0, MAX_EPOCH)
         batches = check_int("batches", state["batches"], 0, MAX_EPOCH)
         extras = state["out_of_order"]
@@ -214,8 +234,8 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
     if prefix < 0 or extras != sorted(set(extras)) or (extras and extras[0] <= prefix):
         raise ValueError(f"state has batches={batches} and out_of_order={extras!r}, which do not "
                          "fit together (edited?)")
-    if fixed_seed is not None and seed != fixed_seed:
-        raise ValueError(f"state was saved with seed={seed}; this {owner} has seed={fixed_seed}")
+    if seed is not None:
+        _same("seed", saved_seed, seed, owner)
     total = batches_per_epoch
     if total >= 0 and batches > total:
         raise ValueError(f"state says {batches} batches of epoch {epoch} were delivered; this "
@@ -232,23 +252,20 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
         _check_streams(streams, workers, owner)
     elif streams is not None:
         raise ValueError(f"state holds a stream's parts, and this {owner}'s dataset is map-style (edited?)")
-    return _Resume(epoch, prefix, extras, sampler, streams, saved_framework), seed
+    return _Resume(epoch, prefix, extras, sampler, streams, saved_framework), saved_seed
 
 
-def _check_order(saved: Any, order: dict[str, Any], owner: str) -> None:
-    if not isinstance(saved, dict) or sorted(saved) != sorted(_ORDER_KEYS):
-        raise ValueError(f"state has a bad order part (truncated or edited?): {saved!r:.200}")
-    for key in _ORDER_KEYS:
-        if saved[key] != order[key]:
-            raise ValueError(f"state was saved with {key}={saved[key]!r}; this {owner} has {key}={order[key]!r}")
+_KINDS = {True: "an iterable dataset (a stream)", False: "a map-style dataset"}   # by "is a stream"
+
+
+def _same(key: str, saved: Any, own: Any, owner: str) -> None:
+    """ValueError where the state's ``key`` is not the loader's."""
+    if saved != own:
+        raise ValueError(f"state was saved with {key}={saved!r}; this {owner} has {key}={own!r}")
 
 
 def _owner(framework: Optional[str]) -> str:
     return "prefetch.Loader" if framework is None else f"a {framework} drop-in"
-
-
-def _kind(stream: bool) -> str:
-    return "an iterable dataset (a stream)" if stream else "a map-style dataset"
 
 
 STREAM_PART_KEYS = ("batches", "dataset", "iterator")
@@ -274,145 +291,95 @@ def _check_streams(streams: Any, workers: Optional[int], owner: str) -> None:
                          f"own position; this {owner} has {workers}")
 
 
-class _LoaderState:
-    """The Loader's resume state: ``state_dict()`` and ``load_state_dict()``
-    over the records above (a mixin of prefetch.loader.Loader, whose fields
-    it reads: the epoch started last, a loaded state, the sampler, a
-    stream's workers)."""
+class Position:
+    """A Loader's resume state, its one owner: the epoch started last (its
+    ``record``) and a loaded state the next epoch continues (``resume``);
+    what ``state_dict()`` says of them, the check of a state loaded, and the
+    sampler's and a stream's workers' parts as an epoch begins. Given once
+    what its loader's states record and are checked against: the dataset
+    (its length; a stream's read by ``streams``), the batch size, the order
+    (``order_part``), the sampler with a state of its own (or None) and the
+    drop-in's part (None: the Loader's). The loader gives it the epoch and
+    seed where they are needed, under its epoch lock; it holds no reference
+    to the loader, which its threads must not keep alive."""
 
-    _epoch_lock: Any
-    _record: Optional[_Record]
-    _resume: Optional[_Resume]
-    _epoch: int
-    _seed: int
-    _closing: bool
-    _name: Any
-    _stage: Any
-    _core: Optional[_Core]
-    _options: Any
-    _streams: Any
-    dataset: Any
-    batch_size: Optional[int]
-    shuffle: bool
-    sampler: Any
-    batch_sampler: Any
+    __slots__ = ("dataset", "batch_size", "order", "sampler", "streams", "framework", "ordered", "record",
+                 "resume")
 
-    if TYPE_CHECKING:
-        def __len__(self) -> int: ...
+    def __init__(self, *, dataset: Any, batch_size: Any, order: dict[str, Any], sampler: Any,
+                 streams: Optional[Workers], ordered: bool, framework: Any = None) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.order = order
+        self.sampler = sampler if stateful(sampler) else None
+        self.streams = streams
+        self.ordered = ordered
+        self.framework = framework
+        self.record: Optional[_Record] = None   # the epoch started last, with its core
+        self.resume: Optional[_Resume] = None   # load_state_dict(): where the next epoch continues
 
-    def _sampler_with_state(self) -> Any:
-        sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        return sampler if stateful(sampler) else None
+    def length(self) -> Optional[int]:
+        """The dataset's length now (each epoch reads it as it starts); None for a stream."""
+        return None if self.streams is not None else len(self.dataset)
 
-    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
-        sampler = self._sampler_with_state()
-        if resume is not None and resume.sampler is not None:
+    def begin(self, epoch: int) -> _Record:
+        """The record of epoch ``epoch`` about to start, the loaded state's
+        parts (if any) restored: the sampler's, a stream's workers'."""
+        resume = self.resume
+        if self.streams is not None:
+            parts, turn = self.streams.begin(epoch, None if resume is None else resume.streams)
+            return StreamRecord(epoch, parts, turn, self.ordered)
+        sampler = self.sampler
+        if sampler is not None and resume is not None and resume.sampler is not None:
             sampler.load_state_dict(resume.sampler)
-        saved = None if sampler is None else sampler.state_dict()
-        return _Record(epoch, resume, saved, self._options.ordered)
+        return _Record(epoch, resume, None if sampler is None else sampler.state_dict(), self.ordered)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: a small JSON-serialisable dict (format and
-        version, seed, epoch, the batches of that epoch delivered so far, the
-        dataset's length, the batch size, the sampler's own ``state_dict()``
-        at the epoch's start where it has one; for an iterable dataset, each
-        worker's part instead of a length). Taken at any moment, from any
-        thread, without pausing the loader threads; batches loaded ahead and
-        not yet delivered are not counted. Once an epoch has ended, the state
-        is the next epoch's start."""
-        with self._epoch_lock:
-            record, resume, epoch = self._record, self._resume, self._epoch
-        streams = self._streams
+    def started(self, record: _Record, core: _Core, stage: _MapEpoch) -> None:
+        """The epoch ``record`` began runs on ``core``: it is the one ``state_dict()`` reads."""
+        record.core, record.stage = core, stage
+        self.record, self.resume = record, None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loader's next epoch is ``epoch``: a state loaded for another is
+        dropped, and an epoch left by a break is over (the state is then
+        ``epoch``'s start)."""
+        if self.resume is not None and self.resume.epoch != epoch:
+            self.resume = None
+        if self.record is not None and not self.record.iterating():
+            self.record = None
+
+    def state_dict(self, epoch: int, seed: int) -> dict[str, Any]:
+        """The loader's state, its next epoch ``epoch`` and its seed ``seed``."""
+        record, resume, streams = self.record, self.resume, self.streams
         extras: list[int] = []
         if resume is not None:
             epoch, prefix, extras, sampler, parts = (resume.epoch, resume.prefix, resume.extras, resume.sampler,
                                                      resume.streams)
-        elif record is None or record.core is None or record.core.ended:
+        elif record is None or record.core.ended:
             # The next epoch's start; a sampler's state then is its own to say.
-            prefix, holder = 0, self._sampler_with_state()
-            sampler = None if holder is None else holder.state_dict()
+            prefix, sampler = 0, None if self.sampler is None else self.sampler.state_dict()
             parts = None if streams is None else {"next": 0, "workers": streams.starts()}
-        elif streams is not None:
-            epoch, sampler, parts = record.epoch, None, record.streams()  # type: ignore[attr-defined]
+        elif isinstance(record, StreamRecord):
+            epoch, sampler, parts = record.epoch, None, record.streams()
         else:
             epoch, sampler, parts = record.epoch, record.sampler, None
             prefix, extras = record.delivered()
         if parts is not None:   # a stream: the batches its workers delivered
             prefix = sum(p["batches"] for p in parts["workers"])
-        return make_state(seed=self._seed, epoch=epoch, prefix=prefix, extras=extras,
-                          dataset_length=None if streams is not None else len(self.dataset),
-                          batch_size=self.batch_size, order=self._order_part(), sampler=sampler,
-                          streams=copy.deepcopy(parts), framework=self._framework_part())
+        return make_state(seed=seed, epoch=epoch, prefix=prefix, extras=extras, dataset_length=self.length(),
+                          batch_size=self.batch_size, order=self.order, sampler=sampler,
+                          streams=copy.deepcopy(parts), framework=self.framework)
 
-    def _framework_part(self) -> Any:
-        """A drop-in's parts of the state (its framework's name under "name"); None: the Loader's."""
-        return None
-
-    def _order_part(self) -> dict[str, Any]:
-        """What decides its epochs' order (``order_part``)."""
-        return order_part(self.shuffle, self.sampler, self.batch_sampler)
-
-    def _framework_name(self) -> Optional[str]:
-        part = self._framework_part()
-        return None if part is None else part["name"]
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` (from ``state_dict()``, of a loader over the
-        same data, batch size and sampler) was taken: the next
-        ``iter(loader)`` delivers the batches an uninterrupted run would have
-        delivered next. Call it before iterating, between epochs, or after a
-        ``break`` out of an epoch's loop (that epoch then ends).
-
-        Raises
-        ------
-        ValueError
-            For a state of another format or version, dataset kind or length,
-            batch size, seed, order (shuffled or not, the sampler's kind) or
-            count of workers reading a stream, one its sampler refuses, or
-            one truncated or edited; the loader is unchanged.
-        ClosedError
-            Once the loader is closed.
-        RuntimeError
-            While an epoch is in progress (its iterator is still held).
-        """
-        if self._closing:
-            raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
-        resume, seed = self._check_state(state)
-        holder = self._sampler_with_state()
-        if holder is not None and resume.sampler is not None:
-            try_state(holder, resume.sampler)   # the sampler's part: its own to check
-        self._load_checked(resume, seed)
-
-    def _load_checked(self, resume: _Resume, seed: int) -> None:
-        """Continue where a state checked by ``check_state`` was taken."""
-        with self._epoch_lock:
-            if self._closing:
-                raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
-            record = self._record
-            if record is not None and record.core is not None and record.core.state == "running":
-                if record.iterating():
-                    raise RuntimeError(
-                        f"cannot load a state into {self!r} while its epoch {record.epoch} is in progress; "
-                        "load it before iterating, once the epoch has ended, or after a break out of its loop")
-                # Its iterator is gone (a break): the epoch ends here, and
-                # next(loader) starts the one the state continues.
-                record.core.close()
-                self._core = None
-            self._stage.drop_following()   # the next epoch is the state's
-            if seed != self._seed:
-                self._seed = seed
-                self._stage.seed = seed
-            self._epoch = resume.epoch
-            self._resume = resume
-
-    def _check_state(self, state: Any) -> tuple[_Resume, int]:
-        streams = self._streams
-        try:
-            total = len(self)
-        except TypeError:
-            total = -1   # a stream, or a sampler without len(): nothing to check against
-        return check_state(state, dataset_length=None if streams is not None else len(self.dataset),
-                           batch_size=self.batch_size, order=self._order_part(),
-                           seed=self._seed if self._options.seed is not None else None, batches_per_epoch=total,
-                           sampler_has_state=self._sampler_with_state() is not None,
-                           framework=self._framework_name(), workers=None if streams is None else streams.count)
+    def check(self, state: Any, seed: Optional[int], batches_per_epoch: int) -> tuple[_Resume, int]:
+        """``check_state`` of ``state`` against these fields (``seed``: the
+        loader's own, None: any), and its sampler's part by the sampler:
+        ``state``'s resume and seed, nothing changed."""
+        framework = self.framework
+        resume, seed = check_state(state, dataset_length=self.length(), batch_size=self.batch_size, order=self.order,
+                                   seed=seed, batches_per_epoch=batches_per_epoch,
+                                   sampler_has_state=self.sampler is not None,
+                                   framework=None if framework is None else framework["name"],
+                                   workers=None if self.streams is None else self.streams.count)
+        if self.sampler is not None and resume.sampler is not None:
+            try_state(self.sampler, resume.sampler)   # the sampler's part: its own to check
+        return resume, seed

@@ -5,17 +5,19 @@ Thread w alone holds worker w's replica of the dataset (a copy: what
 ``iter()`` on it each epoch and reads its batches (``_Worker``). The map
 stage opens a slot per batch, in turn over the workers not ended, and the
 slot's worker fills it (_map.pxi): the order is a framework's worker
-processes' (one batch of each worker still running in turn), and the epoch, window, byte bound, error
-notes and counters are a map-style epoch's.
+processes' (one batch of each worker still running in turn), and the epoch,
+window, byte bound, error notes and counters are a map-style epoch's.
 
 Resuming: each batch carries its worker's part of the state after it (its
 dataset's and its iterator's own ``state_dict()``, where they have one); as
-the batch is delivered that becomes the worker's part (``StreamRecord``). A
-resumed worker starts its iterator from its part; where neither has a state,
-the batches it delivered before are read again and dropped.
+the batch is delivered that becomes the worker's part (``StreamRecord`` in
+prefetch/_resume.py). A resumed worker starts its iterator from its part;
+where neither has a state, the batches it delivered before are read again
+and dropped.
 
 Threading contract: a ``_Worker`` is used by its thread only; ``Workers.resumed``
-is set by the consumer's thread between epochs; ``StreamRecord`` on any thread.
+and ``Workers.turn`` are set by the consumer's thread between epochs
+(``begin``); ``StreamRecord`` is read on any thread.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import itertools
 from typing import Any, Callable, Optional
 
 from prefetch._replica import replica
-from prefetch._resume import _Record, stateful
+from prefetch._resume import stateful
 
 
 def start_part(dataset: Any) -> dict[str, Any]:
@@ -76,6 +78,8 @@ class _Worker:
         rows = self.owner.rows
         samples = []
         ended = False
+        # next() itself, not islice(): that calls iter(), which restarts a
+        # stream that is its own iterator.
         for _ in range(rows):
             try:
                 samples.append(next(self.iterator))
@@ -137,13 +141,11 @@ class Workers:
 
     def __init__(self, dataset: Any, count: int, rows: int, drop_last: bool,
                  replicate: Callable[[Any, int], Any]) -> None:
-        self.dataset = dataset
         self.count = count
         self.rows = rows
         self.drop_last = drop_last
-        self.replicate = replicate
-        self.made: list[Optional[_Worker]] = [None] * count
         self.resumed: Optional[tuple[int, list[dict[str, Any]]]] = None   # (epoch, parts) of a loaded state
+        self.turn = 0   # the worker due first in the epoch begun last
         # Each worker's copy, made here, on the thread that makes the loader:
         # a deep copy of a library's dataset can fail on another thread (a
         # Hugging Face stream: "dictionary changed size during iteration"),
@@ -152,8 +154,18 @@ class Workers:
         self.copies = [replicate(dataset, w) for w in range(count)]
 
     def __call__(self, worker_id: int) -> _Worker:
-        worker = self.made[worker_id] = _Worker(worker_id, self.copies[worker_id], self)
-        return worker
+        return _Worker(worker_id, self.copies[worker_id], self)
+
+    def begin(self, epoch: int, resumed: Optional[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        """Epoch ``epoch`` begins, continuing a loaded state's stream parts
+        ``resumed`` (None: from each worker's start): each worker's part then
+        and the worker due first."""
+        if resumed is None:
+            self.resumed, self.turn = None, 0
+            return self.starts(), 0
+        parts = [dict(p) for p in resumed["workers"]]
+        self.resumed, self.turn = (epoch, parts), resumed["next"]
+        return list(parts), self.turn
 
     def part(self, worker_id: int, epoch: int) -> Optional[dict[str, Any]]:
         """Worker ``worker_id``'s part of the loaded state that epoch ``epoch`` continues, if any."""
@@ -162,30 +174,5 @@ class Workers:
 
     def starts(self) -> list[dict[str, Any]]:
         """Each worker's part as an epoch begins (its threads not reading):
-        its replica's own state, or the dataset's it will copy."""
-        return [start_part(self.dataset if w is None else w.dataset) for w in self.made]
-
-
-class StreamRecord(_Record):
-    """What state_dict() reads of a stream's epoch: each worker's part as of
-    its last batch delivered, and the worker due next."""
-
-    __slots__ = ("parts", "turn")
-
-    def __init__(self, epoch: int, parts: list[dict[str, Any]], turn: int, ordered: bool) -> None:
-        super().__init__(epoch, None, None, ordered)
-        self.parts = parts
-        self.turn = turn
-
-    def streams(self) -> dict[str, Any]:
-        core, stage = self.core, self.stage
-        taken = 0 if core is None else core.consumed + core.failed
-        with self.lock:
-            if stage is not None:
-                for w, state in stage.streamed[self.seen:taken]:
-                    part = self.parts[w]
-                    dataset, iterator = (part["dataset"], part["iterator"]) if state is None else state
-                    self.parts[w] = {"batches": part["batches"] + 1, "dataset": dataset, "iterator": iterator}
-                    self.turn = (w + 1) % len(self.parts)
-                self.seen = max(self.seen, taken)
-            return {"next": self.turn, "workers": list(self.parts)}
+        its copy's own state."""
+        return [start_part(dataset) for dataset in self.copies]

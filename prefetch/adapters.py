@@ -21,10 +21,10 @@ thread with the GIL held; ``open`` and a thread state's ``capture`` run in the
 """
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import importlib.util
 import pathlib
+import re
 import sys
 import threading
 from typing import Any, Callable, Optional, Protocol, Sequence
@@ -56,9 +56,13 @@ class Delivery(Protocol):
         dropped: return their device memory (e.g. synchronise the stream)."""
 
 
-def _check_type(arg: str, cls: Any) -> None:
+def _check_hooks(cls: Any, optional: tuple[str, ...] = (), **hooks: Any) -> None:
+    """TypeError for a ``cls`` that is not a class, or a hook that is not
+    callable (one named in ``optional``: nor None), naming it."""
     if not isinstance(cls, type):
-        raise TypeError(f"{arg} must be a class, got {cls!r} ({type(cls).__name__})")
+        raise TypeError(f"cls must be a class, got {cls!r} ({type(cls).__name__})")
+    for arg, hook in hooks.items():
+        check_callable(arg, hook, optional=arg in optional)
 
 
 def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
@@ -93,10 +97,7 @@ def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
         Run once by ``close()`` of every prefetcher that copied such a leaf,
         after its queued batches were dropped (e.g. an engine sync).
     """
-    _check_type("cls", cls)
-    check_callable("copy", copy, optional=False)
-    check_callable("exclusive", exclusive)
-    check_callable("close", close)
+    _check_hooks(cls, ("exclusive", "close"), copy=copy, exclusive=exclusive, close=close)
     _core._register_leaf(cls, (copy, exclusive, close))
 
 
@@ -109,9 +110,7 @@ def register_container(cls: type, flatten: Callable[[Any], tuple[Sequence[Any], 
     is handed out. Whatever ``aux`` holds is handed out as is: an array in it
     would be shared with the source, so put every array among the children.
     """
-    _check_type("cls", cls)
-    check_callable("flatten", flatten, optional=False)
-    check_callable("unflatten", unflatten, optional=False)
+    _check_hooks(cls, flatten=flatten, unflatten=unflatten)
     _core._register_container(cls, (flatten, unflatten))
 
 
@@ -125,9 +124,7 @@ def register_collate(cls: type, as_numpy: Callable[[Any], Any], from_numpy: Call
     array without a copy, and keeps the block alive as long as it lives.
     Called on loader threads, with the GIL held.
     """
-    _check_type("cls", cls)
-    check_callable("as_numpy", as_numpy, optional=False)
-    check_callable("from_numpy", from_numpy, optional=False)
+    _check_hooks(cls, as_numpy=as_numpy, from_numpy=from_numpy)
     _core._register_collate(cls, (as_numpy, from_numpy))
 
 
@@ -141,9 +138,7 @@ def register_device(cls: type, open: Callable[[Any], Delivery], *,
     ``TypeError``/``ValueError`` that name it) and returns a :class:`Delivery`.
     ``hint(name)``: for ``device=`` given as a string ("cuda:0"), which is
     refused, what of ``cls`` to pass instead, or None."""
-    _check_type("cls", cls)
-    check_callable("open", open, optional=False)
-    check_callable("hint", hint)
+    _check_hooks(cls, ("hint",), open=open, hint=hint)
     _device_types[cls] = open
     if hint is not None and hint not in _device_hints:
         _device_hints.append(hint)
@@ -212,20 +207,18 @@ def _bundled() -> dict[str, importlib.metadata.EntryPoint]:
     metadata (a source tree, a vendored copy) a framework's arrays would
     otherwise pass through uncopied."""
     found = {}
-    package = pathlib.Path(__file__).parent
-    for init in sorted(package.glob("*/__init__.py")):
+    for init in sorted(pathlib.Path(__file__).parent.glob("*/__init__.py")):
         try:
-            tree = ast.parse(init.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, ValueError):
+            line = _FRAMEWORK_LINE.search(init.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             continue
-        for node in tree.body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "FRAMEWORK"
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-                name = node.value.value
-                found[name] = importlib.metadata.EntryPoint(name, f"{__package__}.{init.parent.name}",
-                                                            ENTRY_POINT_GROUP)
+        if line is not None:
+            found[line[1]] = importlib.metadata.EntryPoint(line[1], f"{__package__}.{init.parent.name}",
+                                                           ENTRY_POINT_GROUP)
     return found
+
+
+_FRAMEWORK_LINE = re.compile(r"""^FRAMEWORK = ["']([\w.]+)["']$""", re.MULTILINE)
 
 
 def _import_adapter_for(t: type) -> bool:

@@ -89,7 +89,6 @@ class Prefetcher(_Lifecycle, Generic[T]):
         # Serialises starting an epoch with other threads' iter(); re-entrant
         # for a signal handler that calls iter() inside iter().
         self._epoch_lock = threading.RLock()
-        self._closing = False   # close() was called: an epoch starting meanwhile closes too
         self._options = Options.check("prefetch", name=name, depth=depth, workers=workers,
                                       max_bytes=max_bytes, timeout=timeout, copy=copy)
         self._timeout = self._options.timeout

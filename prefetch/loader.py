@@ -15,7 +15,7 @@ import os
 import threading
 import types
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Optional, Sized, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, NamedTuple, Optional, TypeVar
 
 import numpy as np
 
@@ -47,8 +47,8 @@ from prefetch._options import (
     check_int,
     usable_cpus,
 )
-from prefetch._resume import _LoaderState, _Record, _Resume, _skipping
-from prefetch._streams import StreamRecord, Workers, stream_copy
+from prefetch._resume import Position, _Resume, _skipping, order_part
+from prefetch._streams import Workers, stream_copy
 from prefetch._types import ClosedError, Stats
 
 __all__ = ["Loader", "map", "sample_rng", "worker_info"]
@@ -63,16 +63,22 @@ def _tell_epoch(sampler: Any, epoch: int) -> None:
         set_epoch(epoch)
 
 
-def _own_batches(n: int, seed: int, epoch: int, shuffle: bool, batch_size: Optional[int],
-                 drop_last: bool) -> Iterator[list[Any]]:
-    """The key lists of an epoch whose order the Loader gives itself (no
-    sampler): a function of its arguments alone, computed as it is first read."""
-    keys: Iterator[Any] = (ints(np.random.default_rng([seed, epoch]).permutation(n)) if shuffle
-                           else iter(range(n)))
-    if batch_size is None:
-        yield from ([k] for k in keys)
-    else:
-        yield from _chunks(keys, batch_size, drop_last)
+class _OwnOrder(NamedTuple):
+    """An epoch whose order the Loader gives itself (no sampler): its key
+    lists are a function of these alone (compared whole: equal orders, equal
+    batches), as a drop-in's plan of its framework's order is."""
+    n: int
+    seed: int
+    epoch: int
+    shuffle: bool
+    batch_size: Optional[int]
+    drop_last: bool
+
+    def batches(self) -> Iterator[list[Any]]:
+        """The key lists, computed as they are first read (on a loader thread)."""
+        keys: Iterator[Any] = (ints(np.random.default_rng([self.seed, self.epoch]).permutation(self.n))
+                               if self.shuffle else iter(range(self.n)))
+        yield from _batched(keys, self.batch_size, self.drop_last)
 
 
 def ints(perm: Any) -> Iterator[int]:
@@ -83,7 +89,11 @@ def ints(perm: Any) -> Iterator[int]:
         yield from perm[start:start + 4096].tolist()
 
 
-def _chunks(keys: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
+def _batched(keys: Iterator[Any], size: Optional[int], drop_last: bool) -> Iterator[list[Any]]:
+    """The key lists of ``size`` keys each (None: each key alone)."""
+    if size is None:
+        yield from ([k] for k in keys)
+        return
     while True:
         chunk = list(itertools.islice(keys, size))
         if len(chunk) < size:
@@ -97,6 +107,8 @@ class _Epoch(_Iterator, Generic[T]):
     """One epoch of a ``Loader`` or ``map``: what ``iter(loader)`` returns.
     Threads calling ``next()`` on it share the epoch, each batch going to one."""
 
+    _core: _Core   # made with its epoch's core, which it keeps
+
     def __init__(self, core: _Core, timeout: Optional[float], loader: "_Threaded") -> None:
         self._core = core
         self._timeout = timeout
@@ -105,9 +117,7 @@ class _Epoch(_Iterator, Generic[T]):
         self._loader = loader
 
     def __repr__(self) -> str:
-        core = self._core
-        state = "closed" if core is None else core.state
-        return f"<epoch iterator of {self._loader!r}: {state}>"
+        return f"<epoch iterator of {self._loader!r}: {self._core.state}>"
 
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]
@@ -119,22 +129,17 @@ class _Epoch(_Iterator, Generic[T]):
         """Batch errors raised by next(), the epoch going on after each (a
         drop-in's continue policy): a next() that raised and changed it
         raised that batch's error, not the epoch's end."""
-        return self._epoch_core().failed
+        return self._core.failed
 
     @property
     def running(self) -> bool:
         """The epoch has not ended, failed or been closed."""
-        return self._epoch_core().state == "running"
+        return self._core.state == "running"
 
     def stop(self) -> None:
         """The epoch ends here (a drop-in's pass dropped before its end): its
         loading stops, and a next() on it ends it (StopIteration)."""
-        self._epoch_core().end_replaced()
-
-    def _epoch_core(self) -> _Core:
-        core = self._core
-        assert core is not None   # an epoch iterator is made with its core
-        return core
+        self._core.end_replaced()
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
@@ -148,6 +153,10 @@ class _Threaded(_Lifecycle):
     _kind = "loader"
     _epoch = 0
     _streams: Optional[Workers] = None   # an iterable dataset's workers; None: map-style
+    # What a drop-in gives its map stage (prefetch/_framework.py): each
+    # thread's own load, a lookahead, its failure policy, the GIL notice's
+    # remedy and whether it was given.
+    _hooks: dict[str, Any] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Before __init__ (here, not on the subclasses, whose signature
@@ -155,15 +164,6 @@ class _Threaded(_Lifecycle):
         # gets the message naming ours, not Python's "unexpected keyword".
         check_habits(cls.__name__, kwargs)
         return super().__new__(cls)
-
-    def _stage_hooks(self, **given: Any) -> _StageHooks:
-        """What a drop-in ``given`` its map stage (prefetch/_framework.py):
-        each thread's own load, a lookahead, its failure policy, the GIL
-        notice's remedy and whether it was given; a stream's: each thread
-        its worker."""
-        if self._streams is not None:
-            given.update(per_thread=self._streams, stream=True)
-        return _StageHooks(**given)
 
     def _setup(self, load: Optional[Callable[[Any], Any]], mode: int, collate: Any, options: Options,
                device: Any, worker_init: Any) -> None:
@@ -182,8 +182,9 @@ class _Threaded(_Lifecycle):
         # The assembly is the device's one holder: the stage closes it.
         asm = assembly(mode, collate, self._pool, None if device is None else adapters._open_device(device),
                        options.name)
+        hooks = self._hooks if self._streams is None else dict(self._hooks, per_thread=self._streams, stream=True)
         self._stage = _MapStage(load, asm, options, worker_init, self._seed, self._thread_states, auto,
-                                self._stage_hooks())
+                                _StageHooks(**hooks))
         self._owned = (self._stage, self._pool)
         self._name = options.name
         self._remember_caller()
@@ -199,24 +200,14 @@ class _Threaded(_Lifecycle):
         """The epoch's batches of keys, the key range (-1: any key) and the rows per batch."""
         raise NotImplementedError
 
-    _resume: Optional[_Resume] = None   # load_state_dict(): where the next epoch continues
     _started = False                    # an epoch has started
-    _record: Optional[_Record] = None   # the epoch started last, for state_dict()
-
-    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
-        """The record of epoch ``epoch`` about to start (a subclass restores
-        its sampler's state here)."""
-        return _Record(epoch, resume, None, self._options.ordered)
+    _position: Optional[Position] = None   # a Loader's resume state; None: map's, which has none
 
     def _order(self, epoch: int) -> Any:
         """What epoch ``epoch``'s order is a function of, where it is known
-        before the epoch starts (its batches may then be opened before);
-        None where it is not."""
+        before the epoch starts (its batches may then be opened before): a
+        plan whose ``batches()`` are its key lists; None where it is not."""
         return None
-
-    def _order_batches(self, order: Any) -> Iterator[list[Any]]:
-        """The key lists of the order ``_order`` named."""
-        raise NotImplementedError
 
     def _start_epoch(self) -> _Core:
         """Start the next epoch (closing the current one) and return its core."""
@@ -230,11 +221,12 @@ class _Threaded(_Lifecycle):
             old = self._core
             if old is not None:
                 old.end_replaced()   # a next() on its iterator meets the end of its epoch
-            epoch, resume = self._epoch, self._resume
-            record = self._begin(epoch, resume)
+            epoch, position = self._epoch, self._position
+            resume = None if position is None else position.resume
+            record = None if position is None else position.begin(epoch)
             batches, n_keys, rows = self._keys(epoch)
-            if record.numbers is not None and resume is not None:
-                batches = _skipping(batches, resume, record.numbers)
+            if record is not None and record.skipped is not None and record.numbers is not None:
+                batches = _skipping(batches, record.skipped, record.numbers)
             # Where the orders are the loader's own, the next epoch's first
             # batches are opened as this one's last are consumed, and this
             # one's may have been opened already (a resumed epoch skips some:
@@ -243,15 +235,13 @@ class _Threaded(_Lifecycle):
             order = self._order(epoch) if resume is None else None
             after = self._order(epoch + 1) if self._started else None
             self._started = True
-            following = None if after is None else (after, epoch + 1, self._order_batches(after))
+            following = None if after is None else (after, epoch + 1, after.batches())
             stage = self._stage.start_epoch(batches, epoch, n_keys, self._options.workers or 0, rows,
                                             order, following)
             self._epoch = epoch + 1
-            self._resume = None
-            core = _Core(stage, pool=self._pool, kind=self._kind,
-                         **self._options.core())
-            record.core, record.stage = core, stage
-            self._record = record
+            core = _Core(stage, pool=self._pool, kind=self._kind, **self._options.core())
+            if position is not None and record is not None:
+                position.started(record, core, stage)
             self._install(core, self._thread_states)
             if self._closing:
                 # close() ran meanwhile (another thread, a signal handler) and
@@ -263,8 +253,8 @@ class _Threaded(_Lifecycle):
     def __iter__(self) -> Any:
         with self._epoch_lock:
             epoch: _Epoch[Any] = _Epoch(self._start_epoch(), self._timeout, self)
-            if self._record is not None:
-                self._record.iterator = weakref.ref(epoch)
+            if self._position is not None and self._position.record is not None:
+                self._position.record.iterator = weakref.ref(epoch)
             return epoch
 
     def _first_core(self) -> _Core:
@@ -288,9 +278,6 @@ class _Threaded(_Lifecycle):
             return Stats(depth=self._options.depth, **self._stage.stats())
         return Stats(**core.stats())
 
-    def __enter__(self) -> Any:
-        return self
-
     def __repr__(self) -> str:
         core = self._core
         state = "closed" if self._closing else ("not started" if core is None else core.state)
@@ -298,7 +285,7 @@ class _Threaded(_Lifecycle):
                 f"epoch={self._epoch - 1} state={state}>")
 
 
-class Loader(_LoaderState, _Threaded, Generic[T]):
+class Loader(_Threaded, Generic[T]):
     """Load ``dataset[i]`` on several threads and hand out whole batches, as
     fresh arrays that nothing else can reach.
 
@@ -434,8 +421,8 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         self._epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
         self.dataset = dataset
         self.batch_size = batch_size
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
+        self.sampler: Any = sampler
+        self.batch_sampler: Any = batch_sampler
         self.drop_last = drop_last
         self.shuffle = shuffle
         if batch_size is None and batch_sampler is None:
@@ -446,8 +433,15 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
             self._streams = Workers(dataset, workers, batch_size or 1, drop_last,
                                     self._replicate or stream_copy)
         self._setup(None if stream else dataset.__getitem__, mode, collate, options, device, worker_init)
+        self._position = Position(**{"dataset": dataset, "batch_size": batch_size,
+                                     "order": order_part(shuffle, sampler, batch_sampler),
+                                     "sampler": batch_sampler if batch_sampler is not None else sampler,
+                                     "streams": self._streams, "ordered": options.ordered, **self._said})
 
-    _turn = 0   # a stream epoch's worker due first
+    _position: Position
+    # A drop-in's fields of its resume state, in place of the Loader's own (Position's
+    # framework, order, batch_size).
+    _said: dict[str, Any] = {}
     _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
     # A drop-in's word on whether its dataset is a stream; None: an iterable
     # dataset has __iter__, and not both __getitem__ and __len__.
@@ -462,41 +456,92 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         dropped; for the same epoch it is kept."""
         epoch = check_int("epoch", epoch, 0, MAX_EPOCH)
         with self._epoch_lock:
-            resume = self._resume
-            if resume is not None and resume.epoch != epoch:
-                self._resume = None
-            record = self._record
-            if record is not None and record.core is not None and not record.iterating():
-                self._record = None   # an epoch left by a break is over: the state is epoch's start
+            self._position.set_epoch(epoch)
             if epoch != self._epoch:
                 self._stage.drop_following()   # not the epoch opened early
             self._epoch = epoch
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: a small JSON-serialisable dict (format and
+        version, seed, epoch, the batches of that epoch delivered so far, the
+        dataset's length, the batch size, the sampler's own ``state_dict()``
+        at the epoch's start where it has one; for an iterable dataset, each
+        worker's part instead of a length). Taken at any moment, from any
+        thread, without pausing the loader threads; batches loaded ahead and
+        not yet delivered are not counted. Once an epoch has ended, the state
+        is the next epoch's start."""
+        with self._epoch_lock:
+            return self._position.state_dict(self._epoch, self._seed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` (from ``state_dict()``, of a loader over the
+        same data, batch size and sampler) was taken: the next
+        ``iter(loader)`` delivers the batches an uninterrupted run would have
+        delivered next. Call it before iterating, between epochs, or after a
+        ``break`` out of an epoch's loop (that epoch then ends).
+
+        Raises
+        ------
+        ValueError
+            For a state of another format or version, dataset kind or length,
+            batch size, seed, order (shuffled or not, the sampler's kind) or
+            count of workers reading a stream, one its sampler refuses, or
+            one truncated or edited; the loader is unchanged.
+        ClosedError
+            Once the loader is closed.
+        RuntimeError
+            While an epoch is in progress (its iterator is still held).
+        """
+        if self._closing:
+            raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
+        try:
+            total = len(self)
+        except TypeError:
+            total = -1   # a stream, or a sampler without len(): nothing to check against
+        self._load_checked(*self._position.check(state, self._seed if self._options.seed is not None else None,
+                                                 total))
+
+    def _load_checked(self, resume: _Resume, seed: int) -> None:
+        """Continue where a state checked by ``Position.check`` (or a drop-in's
+        ``check_state``) was taken."""
+        with self._epoch_lock:
+            if self._closing:
+                raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")
+            record = self._position.record
+            if record is not None and record.core.state == "running":
+                if record.iterating():
+                    raise RuntimeError(
+                        f"cannot load a state into {self!r} while its epoch {record.epoch} is in progress; "
+                        "load it before iterating, once the epoch has ended, or after a break out of its loop")
+                # Its iterator is gone (a break): the epoch ends here, and
+                # next(loader) starts the one the state continues.
+                record.core.close()
+                self._core = None
+            self._stage.drop_following()   # the next epoch is the state's
+            self.adopt_seed(seed)
+            self._epoch = resume.epoch
+            self._position.resume = resume
+
     def _keys(self, epoch: int) -> tuple[Any, int, int]:
         if self._streams is not None:   # the workers in turn, from the one due (_map.pxi)
-            return (self._streams.count, self._turn), -1, 1
+            return (self._streams.count, self._streams.turn), -1, 1
         n = len(self.dataset)
         if self.batch_sampler is not None:
             _tell_epoch(self.batch_sampler, epoch)
             return self._iter_sampler(self.batch_sampler, "batch_sampler"), n, 1
         if self.sampler is None:   # the loader's own order: read lazily, on a loader thread
-            return (_own_batches(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last), n,
-                    self.batch_size or 1)
-        _tell_epoch(self.sampler, epoch)
-        keys: Iterator[Any] = self._iter_sampler(self.sampler, "sampler")
-        if self.batch_size is None:
-            return ([k] for k in keys), n, 1
-        return _chunks(keys, self.batch_size, self.drop_last), n, self.batch_size
+            batches = _OwnOrder(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last).batches()
+        else:
+            _tell_epoch(self.sampler, epoch)
+            batches = _batched(self._iter_sampler(self.sampler, "sampler"), self.batch_size, self.drop_last)
+        return batches, n, self.batch_size or 1
 
     def _order(self, epoch: int) -> Any:
         # Only an order no user code gives: a sampler may change between
         # epochs (its set_epoch called by the user, a state loaded into it).
         if self.sampler is not None or self.batch_sampler is not None or self._streams is not None:
             return None
-        return (len(self.dataset), self._seed, epoch, self.shuffle, self.batch_size, self.drop_last)
-
-    def _order_batches(self, order: Any) -> Iterator[list[Any]]:
-        return _own_batches(*order)
+        return _OwnOrder(len(self.dataset), self._seed, epoch, self.shuffle, self.batch_size, self.drop_last)
 
     _sampler_read = False   # a one-shot sampler (an iterator) gave its epoch
 
@@ -514,22 +559,20 @@ class Loader(_LoaderState, _Threaded, Generic[T]):
         return keys
 
     def __len__(self) -> int:
+        """Batches per epoch: the batch sampler's length, or the sampler's (or dataset's) in batches."""
         if self._streams is not None:
             raise TypeError(f"{self!r} reads an iterable dataset: its batches are not counted ahead")
-        return _batches_per_epoch(self)
-
-    # -- a stream's state: each worker's part (prefetch/_streams.py) ----------
-
-    def _begin(self, epoch: int, resume: Optional[_Resume]) -> _Record:
-        streams = self._streams
-        if streams is None:
-            return super()._begin(epoch, resume)
-        if resume is None:
-            streams.resumed, self._turn = None, 0
-            return StreamRecord(epoch, streams.starts(), 0, self._options.ordered)
-        parts = [dict(p) for p in resume.streams["workers"]]
-        streams.resumed, self._turn = (epoch, parts), resume.streams["next"]
-        return StreamRecord(epoch, list(parts), self._turn, self._options.ordered)
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        if self.sampler is not None:
+            if not isinstance(self.sampler, collections.abc.Sized):
+                raise TypeError(f"the sampler of {self!r} has no len()")
+            n = len(self.sampler)
+        else:
+            n = len(self.dataset)
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
@@ -550,29 +593,12 @@ def _is_stream(dataset: Any) -> bool:
         and not one_shot
 
 
-def _batches_per_epoch(loader: Loader[Any]) -> int:
-    """len(loader): its batch sampler's length, or its sampler's (or dataset's) in batches."""
-    if loader.batch_sampler is not None:
-        return len(loader.batch_sampler)
-    if loader.sampler is not None:
-        if not isinstance(loader.sampler, Sized):
-            raise TypeError(f"the sampler of {loader!r} has no len()")
-        n = len(loader.sampler)
-    else:
-        n = len(loader.dataset)
-    if loader.batch_size is None:
-        return n
-    return n // loader.batch_size if loader.drop_last else math.ceil(n / loader.batch_size)
-
-
 class _Mapped(_Threaded, Generic[T]):
     """What ``prefetch.map`` returns."""
 
-    def __init__(self, fn: Callable[[Any], T], iterable: Iterable[Any], workers: Any, ordered: bool,
-                 depth: int, timeout: Optional[float], name: Optional[str],
-                 worker_init: Optional[Callable[[int], Any]]) -> None:
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r} ({type(fn).__name__})")
+    def __init__(self, fn: Callable[[Any], T], iterable: Iterable[Any],
+                 worker_init: Optional[Callable[[int], Any]], **options: Any) -> None:
+        check_callable("fn", fn, optional=False)
         try:
             items = iter(iterable)
         except TypeError:
@@ -580,9 +606,7 @@ class _Mapped(_Threaded, Generic[T]):
         # A one-shot iterator is read once; a re-iterable one again each epoch.
         self._items: Optional[Iterator[Any]] = items
         self._iterable = None if items is iterable else iterable
-        options = Options.check("loader", name=name, depth=depth, workers=workers, timeout=timeout,
-                                ordered=ordered)
-        self._setup(fn, MAP_SINGLE, None, options, None, worker_init)
+        self._setup(fn, MAP_SINGLE, None, Options.check("loader", **options), None, worker_init)
 
     def _keys(self, epoch: int) -> tuple[Iterator[list[Any]], int, int]:
         items = self._items
@@ -595,7 +619,7 @@ class _Mapped(_Threaded, Generic[T]):
         return ([item] for item in items), -1, 1
 
     def __len__(self) -> int:
-        if not isinstance(self._iterable, Sized):
+        if not isinstance(self._iterable, collections.abc.Sized):
             raise TypeError(f"the iterable of {self!r} has no len()")
         return len(self._iterable)
 
@@ -621,4 +645,5 @@ def map(fn: Callable[[Any], T], iterable: Iterable[Any], *, workers: Any = "auto
         # naming ours; any other, Python's own.
         check_habits("map", unknown)
         raise TypeError(f"map() got an unexpected keyword argument {next(iter(unknown))!r}")
-    return _Mapped(fn, iterable, workers, ordered, depth, timeout, name, worker_init)
+    return _Mapped(fn, iterable, worker_init, name=name, depth=depth, workers=workers, timeout=timeout,
+                   ordered=ordered)

@@ -281,3 +281,27 @@ def test_unordered_a_worker_slow_to_read_does_not_hold_back_the_others():
             if len(out) == 5:
                 release.set()
     assert out == [(0, i) for i in range(5)] + [(1, i) for i in range(5)]
+
+
+def test_a_fresh_state_of_a_stream_is_where_its_workers_copies_start():
+    """The workers iterate copies made with the loader: a change to the
+    user's object after that changes neither what they deliver nor the state
+    that says where they start (SPEC §9 Streams)."""
+    class Offset:
+        def __init__(self):
+            self.start = 0
+
+        def __iter__(self):
+            return iter(range(self.start, self.start + 3))
+
+        def state_dict(self):
+            return {"start": self.start}
+
+        def load_state_dict(self, state):
+            self.start = state["start"]
+
+    stream = Offset()
+    with Loader(stream, workers=1) as loader:
+        stream.start = 10   # after the loader copied it
+        assert loader.state_dict()["streams"]["workers"][0]["dataset"] == {"start": 0}
+        assert [b.tolist() for b in loader] == [[0], [1], [2]]
