@@ -33,12 +33,15 @@ def unpicklable(what: str, objects: tuple[Any, ...], needed_by: str) -> Optional
 
 
 def say_handover(note: Any, reason: Optional[str], *, framework: str, loader: str, workers: int,
-                 method: str, same: str) -> None:
+                 method: str, same: str, cannot_run: bool = True) -> None:
     """The one warning about the GIL notice ``note``, at the user's line:
     the DataLoader now loads with ``framework``'s own worker processes (the
-    ones ``loader`` uses), or, with a ``reason``, stays on threads."""
+    ones ``loader`` uses), or, with a ``reason``, stays on threads (where
+    not ``cannot_run``, a reason other than those processes' inability to
+    run the dataset)."""
     if reason is not None:
-        message = f"{note} It stays on threads: {framework}'s worker processes cannot run it: {reason}."
+        cannot = f"{framework}'s worker processes cannot run it: " if cannot_run else ""
+        message = f"{note} It stays on threads: {cannot}{reason}."
     else:
         message = (f"DataLoader: its {note.threads} threads ran dataset[i] about {note.parallelism:.1f} at a time "
                    f"({note.wait_share:.0%} of their time at work went to waiting for each other, on "

@@ -50,6 +50,8 @@ from prefetch._framework import (
 )
 from prefetch.torch._device import PinnedHost
 from prefetch.torch._processes import (
+    MID_STREAM,
+    STREAM_STATE,
     Choice,
     ProcessEpoch,
     Workers,
@@ -134,14 +136,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     that ignores it yields every sample ``num_workers`` times, as with
     torch's processes.
 
-    ``loading`` (keyword only, not torch's) fixes where this loader loads
-    a map-style dataset: ``"threads"``, ``"processes"`` (torch's own
-    iterator and worker processes, exactly as ``torch.utils.data.DataLoader``:
-    ``stats()`` then counts the batches handed out, ``loading="processes"``),
+    ``loading`` (keyword only, not torch's) fixes where this loader loads:
+    ``"threads"``, ``"processes"`` (torch's own iterator and worker
+    processes, exactly as ``torch.utils.data.DataLoader``: ``stats()`` then
+    counts the batches handed out, ``loading="processes"``; an
+    ``IterableDataset``'s ``state_dict()`` is then had between epochs only),
     or ``"auto"`` (the default: threads, until they measure that
-    ``dataset[i]`` holds the GIL: torch's processes then load the rest).
-    An ``IterableDataset`` loads on threads whatever it says. ValueError
-    for any other value.
+    ``dataset[i]`` holds the GIL: torch's processes then load the rest of a
+    map-style dataset; an ``IterableDataset`` stays on threads, as its
+    workers' positions cannot move mid-epoch, and the warning says so).
+    ValueError for any other value.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
@@ -296,6 +300,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             # (whether its epoch ended): the state itself says that here.
             state = {k: v for k, v in state.items() if k != "_iterator_finished"}
         iterable = isinstance(self.dataset, IterableDataset)
+        if iterable and self.loading == "processes" and isinstance(state, dict) and state.get("batches"):
+            raise ValueError(f"state has batches={state['batches']!r}: {STREAM_STATE}")
         resume, seed = check_state(
             state, dataset_length=None if iterable else len(self.dataset), batch_size=self.batch_size,
             order=_order(self), seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
@@ -633,8 +639,7 @@ class _ThreadIter:
                                        order=_order(loader), said_batch_size=loader.batch_size,
                                        stream=self._iterable,
                                        remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
-                                       on_notice=self._notices.append
-                                       if not self._iterable and self._choice.acts_on(loader) else None,
+                                       on_notice=self._notices.append if self._choice.acts_on(loader) else None,
                                        **batching, **options)
         if resume is not None:
             self._source.load_checked(*checked)   # checked once, by load_state_dict
@@ -666,8 +671,12 @@ class _ThreadIter:
         self.position.finished = False
         self.position.source = self._source
         self._processes, self._drained = None, False
+        if self._choice.processes and self._iterable:
+            self._hand_over()   # torch's workers read the stream from its start
+            self._epoch, self._drained = self._processes, True
+            return
         self._epoch = iter(self._source)   # a map-style epoch reads its sampler here (_Batches)
-        if self._choice.processes and self._batches is not None:
+        if self._choice.processes:
             self._hand_over()
 
     def __iter__(self) -> _ThreadIter:
@@ -744,7 +753,7 @@ class _ThreadIter:
         if loader is None:   # the iterator outlived its DataLoader: nothing to build torch's from
             say(note, None, "its DataLoader is gone")
             return
-        reason = why_not_processes(loader)
+        reason = MID_STREAM if self._iterable else why_not_processes(loader)
         say(note, loader, reason)
         if reason is None:
             self._choice.processes = True
@@ -756,12 +765,12 @@ class _ThreadIter:
         worker processes (started here, or persistent ones reset), which load
         them while the threads finish theirs."""
         self._source.drop_following()   # the next epoch is not opened early on threads
-        cut = self._batches.rest()  # type: ignore[union-attr]
+        cut = None if self._batches is None else self._batches.rest()
         loader = self._loader()
-        if cut is None or loader is None:
+        if (cut is None and not self._iterable) or loader is None:
             return
-        self._workers.begin(loader, rest_of(*cut))
-        self._processes = ProcessEpoch(self._source, self._workers, self._handed)
+        self._workers.begin(loader, None if cut is None else rest_of(*cut))
+        self._processes = ProcessEpoch(self._source, self._workers, self._handed, self._iterable)
         self.position.source = self._processes
 
     def _from_processes(self) -> Any:
