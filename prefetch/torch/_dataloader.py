@@ -31,6 +31,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
 from prefetch._framework import (
     MAX_EPOCH,
+    Choice,
     ClosedError,
     FrameworkLoader,
     Stats,
@@ -49,16 +50,7 @@ from prefetch._framework import (
     warn_at_user,
 )
 from prefetch.torch._device import PinnedHost
-from prefetch.torch._processes import (
-    MID_STREAM,
-    STREAM_STATE,
-    Choice,
-    ProcessEpoch,
-    Workers,
-    rest_of,
-    say,
-    why_not_processes,
-)
+from prefetch.torch._processes import MID_STREAM, STREAM_STATE, TorchEpoch, Workers, say, why_not_processes
 from prefetch.torch._sampler import (
     _Batches,
     _generators,
@@ -202,7 +194,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def __init__(self, *args: Any, loading: str = "auto", **kwargs: Any) -> None:
         check_loading(loading)
         self.loading = loading   # before torch's __init__, whose worker-count check reads it
-        self._choice = Choice(loading)   # where its epochs load (_processes.py)
+        self._choice = Choice(loading)   # where its epochs load (_processes.py), decided once
         try:
             given = _TORCH_INIT.bind(self, *args, **kwargs).arguments
         except TypeError:
@@ -596,13 +588,12 @@ class _ThreadIter:
             framework = _torch_part(generator)
             base_seed = _base_seed(loader.generator)
         self._batches: _Batches | None = None
-        self._choice = loader._choice
+        self._choice: Choice = loader._choice
         self._loader = weakref.ref(loader)   # read at a hand-over to torch's processes; not kept alive
         # torch's worker processes, once they load: they draw the base seed where this iterator drew it.
         self._workers = Workers(framework["iterator_rng"])
-        self._processes: ProcessEpoch | None = None   # the epoch begun, once they load it
+        self._processes: TorchEpoch | None = None   # the epoch begun, once they load it
         self._drained = False   # the threads handed out their part of the epoch begun: torch's workers go on
-        self._notices: list[Any] = []   # the GIL notice, taken from the Loader for _decide
         self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
         auto = loader._auto_collation
         # torch's default_collate: the Loader's own collate gives the same batches,
@@ -622,11 +613,10 @@ class _ThreadIter:
                             collate=loader.collate_fn if not auto else collate)
         else:
             self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
-                                     ahead=self._ahead, stateful=_stateful_samplers(loader))
+                                     ahead=self._ahead, stateful=_stateful_samplers(loader), choice=self._choice)
             # Each thread loads from a copy of its own, as each worker process (not with
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
-            self._batches.processes = self._choice.processes
             batching = dict(batch_sampler=self._batches, collate=collate)
         init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
         # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
@@ -639,7 +629,8 @@ class _ThreadIter:
                                        order=_order(loader), said_batch_size=loader.batch_size,
                                        stream=self._iterable,
                                        remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
-                                       on_notice=self._notices.append if self._choice.acts_on(loader) else None,
+                                       # ordered batches (the state counts them), workers to hand them to
+                                       on_notice=self._choice.on_notice(loader.in_order and loader.num_workers > 0),
                                        **batching, **options)
         if resume is not None:
             self._source.load_checked(*checked)   # checked once, by load_state_dict
@@ -724,7 +715,7 @@ class _ThreadIter:
             raise
         self._handed_one()
         self._yielded += 1
-        if self._processes is None and self._notices:
+        if self._processes is None and self._choice.notices:
             self._decide()
         if self._iterable and self._len_called is not None and self._yielded > self._len_called:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
@@ -747,17 +738,12 @@ class _ThreadIter:
         """The threads measured dataset[i] holding the GIL: torch's worker
         processes load the rest of the epoch, and every later one, where they
         can run the dataset; the one warning says what and why."""
-        note = self._notices.pop()
-        self._choice.decided = True
-        loader = self._loader()
-        if loader is None:   # the iterator outlived its DataLoader: nothing to build torch's from
-            say(note, None, "its DataLoader is gone")
-            return
-        reason = MID_STREAM if self._iterable else why_not_processes(loader)
-        say(note, loader, reason)
-        if reason is None:
-            self._choice.processes = True
-            self._batches.processes = True  # type: ignore[union-attr]
+        loader = self._loader()   # None: the iterator outlived it, nothing to build torch's from
+
+        def why_not() -> str | None:
+            return "its DataLoader is gone" if loader is None else (
+                MID_STREAM if self._iterable else why_not_processes(loader))
+        if self._choice.decide(why_not, lambda note, reason: say(note, loader, reason)):
             self._hand_over()   # where the epoch cannot be cut, the next one begins in processes
 
     def _hand_over(self) -> None:
@@ -765,12 +751,12 @@ class _ThreadIter:
         worker processes (started here, or persistent ones reset), which load
         them while the threads finish theirs."""
         self._source.drop_following()   # the next epoch is not opened early on threads
-        cut = None if self._batches is None else self._batches.rest()
+        rest = None if self._batches is None else self._batches.rest()
         loader = self._loader()
-        if (cut is None and not self._iterable) or loader is None:
+        if (rest is None and not self._iterable) or loader is None:
             return
-        self._workers.begin(loader, None if cut is None else rest_of(*cut))
-        self._processes = ProcessEpoch(self._source, self._workers, self._handed, self._iterable)
+        self._workers.begin(loader, rest)
+        self._processes = TorchEpoch(self._source, self._workers, self._handed, self._iterable)
         self.position.source = self._processes
 
     def _from_processes(self) -> Any:
@@ -803,7 +789,7 @@ class _ThreadIter:
 
 class _Position:
     """What ``state_dict()`` reads of the DataLoader iterator made last:
-    its source (the thread Loader, or the ``ProcessEpoch`` torch's workers
+    its source (the thread Loader, or the ``TorchEpoch`` torch's workers
     finish), kept after the iterator is gone (a break) and after it closed:
     the state of a run that saves its checkpoint after leaving its loop, or
     on shutdown."""

@@ -29,32 +29,13 @@ threads, and the next one starts in processes.
 """
 from __future__ import annotations
 
-import dataclasses
-import itertools
 from typing import Any, Iterator, Optional
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from prefetch._framework import Stats, say_handover, start_method, unpicklable
+from prefetch._framework import ProcessEpoch, say_handover, start_method, unpicklable
 from prefetch.torch._sampler import decode_generator
 from prefetch.torch._torch import torch
-
-
-class Choice:
-    """One DataLoader's: its ``loading=``, and whether its epochs now load in processes."""
-
-    __slots__ = ("loading", "processes", "decided")
-
-    def __init__(self, loading: str) -> None:
-        self.loading = loading
-        self.processes = loading == "processes"
-        self.decided = loading != "auto"   # "auto": until the GIL notice came and was acted on
-
-    def acts_on(self, loader: Any) -> bool:
-        """Whether this loader's GIL notice is this module's to act on: "auto",
-        undecided, ordered batches (the state counts them), worker processes to
-        hand them to."""
-        return not self.decided and loader.in_order and loader.num_workers > 0
 
 
 def why_not_processes(loader: Any) -> Optional[str]:
@@ -144,18 +125,13 @@ class Workers:
             it._shutdown_workers()
 
 
-class ProcessEpoch:
-    """An epoch that torch's workers finish, as the DataLoader's state and
-    stats read it: the thread Loader's record of the epoch (its number, seed,
-    sampler states as it began) with the batches handed out counted here."""
+class TorchEpoch(ProcessEpoch):
+    """An epoch that torch's workers finish (its batches taken here)."""
 
     def __init__(self, source: Any, workers: Workers, handed: int, stream: bool) -> None:
-        self.source = source
+        super().__init__(source, handed)
         self.workers = workers
-        self.state = source.state_dict()   # taken while the epoch runs: this epoch's
-        self.handed = handed               # batches of the epoch handed out (or failed)
-        self.stream = stream               # an IterableDataset's: its workers' positions are theirs
-        self.finished = False
+        self.stream = stream   # an IterableDataset's: its workers' positions are theirs
 
     def take(self) -> Any:
         """torch's next batch (its conversion, pinning and timeout); a batch
@@ -175,14 +151,9 @@ class ProcessEpoch:
             self.handed += min(1, it._rcvd_idx - before)
 
     def state_dict(self) -> dict[str, Any]:
-        if self.finished:
-            return self.source.state_dict()  # type: ignore[no-any-return]  # the next epoch's start
-        if self.stream and self.handed:
+        if self.stream and self.handed and not self.finished:
             raise ValueError(STREAM_STATE)
-        return dict(self.state, batches=self.handed, out_of_order=[])
-
-    def stats(self) -> Stats:
-        return dataclasses.replace(self.source.stats(), consumed=self.handed, loading="processes")
+        return super().state_dict()
 
     def close(self) -> None:
         self.workers.close()
@@ -193,17 +164,3 @@ STREAM_STATE = ("an IterableDataset loaded with loading='processes' has a state 
                 "workers' positions in the stream are in torch's worker processes (loading='threads' gives "
                 "one at every batch)")
 
-
-def rest_of(read: Iterator[Any], replay: Optional[Iterator[Any]], opened: int, tries: int,
-            source: Iterator[Any], handed: int) -> Iterator[Any]:
-    """The epoch's index lists after the ``opened`` ones the threads took: the
-    ``read`` ones no thread took, then (where the threads took a replay of
-    the sampler, ``replay``) the replay's up to the ``tries`` reads of the
-    real sampler, then the real sampler's own, past any the threads took
-    ahead of its reading; the first ``handed`` left out (handed out before a
-    resumed state was saved: read again for the sampler's draws, and dropped)."""
-    head: Iterator[Any] = read
-    if replay is not None:
-        head = itertools.islice(replay, max(0, tries - opened))
-        source = itertools.islice(source, max(0, opened - tries), None)
-    return itertools.islice(itertools.chain(head, source), handed, None)

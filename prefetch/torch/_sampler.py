@@ -32,12 +32,13 @@ import base64
 import collections
 import contextlib
 import copy
+import itertools
 import threading
 from typing import Any, NamedTuple, Optional
 
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from prefetch._framework import ints
+from prefetch._framework import Cut, ints
 from prefetch.torch._torch import torch
 
 
@@ -171,7 +172,7 @@ class _Batches:
     start, and the Loader drops the batches delivered before.
     """
 
-    def __init__(self, sampler: Any, single: bool, generator: Any, ahead: int, stateful: list[Any]) -> None:
+    def __init__(self, sampler: Any, single: bool, generator: Any, ahead: int, stateful: list[Any], choice: Any) -> None:
         self.sampler = sampler
         self.single = single          # batch_size=None: each index is a batch of its own
         self.ahead = ahead            # batches torch reads as an epoch begins
@@ -184,10 +185,9 @@ class _Batches:
         self.pending: Optional[dict[str, Any]] = None   # a state loaded: the next epoch begins there
         self.dropped = 0              # batches of the next epoch the Loader drops (a resume)
         self.number = 0               # the Loader's number for the next epoch
-        self.processes = False        # torch's worker processes load the epochs that begin (_processes.py)
+        self.choice = choice          # its DataLoader's: where the epochs that begin load (_processes.py)
         self.adopted = False          # the epoch begun may be one opened early (its batches are not cut's)
-        self.cut: Optional[_Cut] = None   # what the threads take of the epoch begun
-        self.skip = 0                 # batches of the epoch begun the Loader drops (a resume)
+        self.cut: Optional[Cut] = None   # what the threads take of the epoch begun
         # torch makes an iterator of the sampler when its DataLoader iterator is
         # made, and again as the first epoch begins (a sampler that draws in
         # __iter__ draws twice): so does this.
@@ -219,35 +219,36 @@ class _Batches:
                 for s, saved in zip(self.stateful, state["samplers"]):
                     s.load_state_dict(copy.deepcopy(saved))
             with self.lock:
-                plan = None if self.processes else _plan(self.sampler, self.single, self.number)
+                plan = None if self.choice.processes else _plan(self.sampler, self.single, self.number)
                 self.adopted = plan is not None and plan == self._next
                 self.plan = plan
                 self._begun, self._next = plan, None
                 self._open()
             self.read_to(self.ahead + self.dropped)
-        self.skip, self.dropped = self.dropped, 0
-        self.cut = _Cut(self._take(self.token) if self.plan is None else self.plan.batches(), self.processes)
+        keys = self._take(self.token) if self.plan is None else self.plan.batches()
+        self.cut = Cut(keys, self.choice.processes, self.dropped)
+        self.dropped = 0
         return self.cut
 
-    def rest(self) -> Optional[tuple[Any, Optional[Any], int, int, Any]]:
+    def rest(self) -> Optional[Any]:
         """Cuts the epoch begun (consumer's thread): the threads take no more
-        of its batches. What is left, for ``_processes.rest_of``: the batches
-        read that no thread took, the replay the threads took from (or None),
-        the batches they took, the sampler's reads, the sampler, and how many
-        of what is left were handed out before a resumed state. None where
-        the epoch cannot be cut (every batch taken, or perhaps opened early)."""
+        of its batches. The index lists left, for torch's worker processes:
+        those no thread took (a plan's, from its replay: the same batches,
+        then the sampler read to its end for its draws). None where the
+        epoch cannot be cut (every batch taken, or perhaps opened early)."""
         cut = self.cut
         if cut is None or self.adopted:
             return None
-        with cut.lock, self.lock:
-            read = list(self.read)
-            if self.exhausted and not read and (self.plan is None or cut.taken >= self.tries - 1):
+        with self.lock:
+            if self.exhausted and not self.read and (self.plan is None or cut.taken >= self.tries - 1):
                 return None   # every batch taken: nothing to cut
-            cut.done = True
-            self.read.clear()
-            self.exhausted = True   # the threads read nothing more of it
-            return (_reread(read), None if self.plan is None else cut.batches, cut.taken, self.tries, self.source,
-                    max(0, self.skip - cut.taken))
+        rest = cut.rest()
+        return rest if self.plan is None else itertools.chain(rest, self._read_to_end())
+
+    def _read_to_end(self) -> Any:
+        """Reads the sampler to its end (its draws), yielding nothing."""
+        self.read_to(self.tries + len(self))
+        yield from ()
 
     @property
     def next_plan(self) -> Optional[_Plan]:
@@ -270,7 +271,7 @@ class _Batches:
     def order(self, epoch: int) -> Optional[_Plan]:
         """The plan of the Loader's epoch ``epoch``: the one begun, or the next
         (none once processes load the epochs: none is opened early)."""
-        if self.processes:
+        if self.choice.processes:
             return None
         if self.plan is not None and self.plan.epoch == epoch:
             return self.plan
@@ -328,28 +329,6 @@ class _Batches:
         return len(self.sampler)
 
 
-class _Cut:
-    """An epoch's index lists as the Loader's threads take them, until cut
-    (``_Batches.rest``): the rest is torch's worker processes' to load."""
-
-    def __init__(self, batches: Any, done: bool) -> None:
-        self.batches = batches
-        self.lock = threading.Lock()   # a thread takes, or the consumer cuts
-        self.done = done
-        self.taken = 0
-
-    def __iter__(self) -> _Cut:
-        return self
-
-    def __next__(self) -> Any:
-        with self.lock:
-            if self.done:
-                raise StopIteration
-            keys = next(self.batches)
-            self.taken += 1
-            return keys
-
-
 def _generators(index_sampler: Any, generator: Any) -> list[Any]:
     """The generators an epoch's order is drawn from: the DataLoader's (or
     torch's global one), then each CPU generator a sampler holds of its own
@@ -402,13 +381,6 @@ def decode_generator(text: Any) -> Any:
         raise ValueError(f"torch refuses the generator state: {exc}") from None
     return state
 
-
-def _reread(read: list[Any]) -> Any:
-    """Batches read, a sampler's error raised where it was read."""
-    for keys in read:
-        if type(keys) is _Raise:
-            raise keys.exc
-        yield keys
 
 
 class _Raise:
