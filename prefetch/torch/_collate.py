@@ -15,32 +15,26 @@ from typing import Any
 import numpy as np
 
 from prefetch._framework import register_collate
+from prefetch.torch._tensor import VIEW_AS
 from prefetch.torch._torch import torch
 
-_INT = {1: (torch.uint8, "u1"), 2: (torch.int16, "<i2"), 4: (torch.int32, "<i4"), 8: (torch.int64, "<i8")}
 _carrier_of: dict[Any, np.dtype] = {}   # torch dtype -> the numpy structured dtype carrying it
 _carried: dict[np.dtype, Any] = {}      # the way back
-
-
-def _carrier(t: Any) -> np.dtype:
-    carrier = _carrier_of.get(t.dtype)
-    if carrier is None:
-        carrier = np.dtype([(str(t.dtype), _INT[t.element_size()][1])])
-        _carried[carrier] = t.dtype
-        _carrier_of[t.dtype] = carrier
-    return carrier
 
 
 def tensor_as_numpy(t: Any) -> np.ndarray:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.detach().resolve_conj().resolve_neg()
-    try:
-        return t.numpy()
-    except TypeError:   # a dtype numpy lacks
-        if t.element_size() not in _INT or t.is_quantized:
-            raise
-        return t.view(_INT[t.element_size()][0]).numpy().view(_carrier(t))
+    view = VIEW_AS.get(t.dtype)
+    if view is None:
+        return t.numpy()   # a dtype numpy lacks, not carried (quantized...): its TypeError
+    carrier = _carrier_of.get(t.dtype)
+    if carrier is None:
+        carrier = np.dtype([(str(t.dtype), torch.empty(0, dtype=view).numpy().dtype)])
+        _carried[carrier] = t.dtype
+        _carrier_of[t.dtype] = carrier
+    return t.view(view).numpy().view(carrier)
 
 
 def block_as_tensor(block: np.ndarray) -> Any:

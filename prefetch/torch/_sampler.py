@@ -178,7 +178,6 @@ class _Batches:
         self.ahead = ahead            # batches torch reads as an epoch begins
         self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
         self.plan: Optional[_Plan] = None        # the epoch's, where its order is known ahead
-        self._begun: Optional[_Plan] = None      # the epoch's plan
         self._next: Optional[_Plan] = None       # the next epoch's, once asked for
         self.generators = _generators(sampler, generator)
         self.stateful = stateful      # the user's samplers with state_dict()/load_state_dict()
@@ -221,8 +220,7 @@ class _Batches:
             with self.lock:
                 plan = None if self.choice.processes else _plan(self.sampler, self.single, self.number)
                 self.adopted = plan is not None and plan == self._next
-                self.plan = plan
-                self._begun, self._next = plan, None
+                self.plan, self._next = plan, None
                 self._open()
             self.read_to(self.ahead + self.dropped)
         keys = self._take(self.token) if self.plan is None else self.plan.batches()
@@ -256,8 +254,8 @@ class _Batches:
         loader as its next epoch begins), not as this one begins: it costs
         the draws of an epoch (``randperm(n)`` twice), and a loader that is
         not persistent never asks."""
-        if self._next is None and self._begun is not None:
-            self._next = self._begun.following()
+        if self._next is None and self.plan is not None:
+            self._next = self.plan.following()
         return self._next
 
     def _open(self) -> None:
@@ -275,7 +273,7 @@ class _Batches:
             return None
         if self.plan is not None and self.plan.epoch == epoch:
             return self.plan
-        if self._begun is None or self._begun.epoch + 1 != epoch:
+        if self.plan is None or self.plan.epoch + 1 != epoch:
             return None
         return self.next_plan
 
@@ -283,47 +281,39 @@ class _Batches:
         """Reads the sampler (consumer's thread) until it has been read
         ``tries`` times this epoch or has ended. Its error is the batch's it
         replaces: a loader thread raises it there, in the epoch's order."""
-        keep = self.plan is None
         with self.lock:
             while self.tries < tries and not self.exhausted:
-                self.tries += 1
-                try:
-                    keys = next(self.source)
-                except StopIteration:
-                    self.exhausted = True
-                except Exception as exc:
-                    self.exhausted = True
-                    if not keep:
-                        raise     # no thread takes what is read: the reader hears it
-                    self.read.append(_Raise(exc))
-                else:
-                    if keep:
-                        self.read.append(keys)
+                keys = self._read()
+                if type(keys) is _Raise and self.plan is not None:
+                    raise keys.exc   # no thread takes what is read: the reader hears it
+                if self.plan is None and keys is not _END:
+                    self.read.append(keys)
 
     def _take(self, token: object) -> Any:
         while True:
             with self.lock:
                 if self.token is not token:
                     return            # a later epoch began (its batches are its own)
-                if self.read:
-                    keys = self.read.popleft()
-                elif self.exhausted:
-                    return
-                else:
-                    # Ahead of the reading (the Loader's bound keeps its
-                    # threads behind it): read here rather than wait.
-                    self.tries += 1
-                    try:
-                        keys = next(self.source)
-                    except StopIteration:
-                        self.exhausted = True
-                        return
-                    except BaseException:
-                        self.exhausted = True
-                        raise
-                if type(keys) is _Raise:
-                    raise keys.exc
+                # Ahead of the reading (the Loader's bound keeps its threads
+                # behind it): read here rather than wait.
+                keys = self.read.popleft() if self.read else _END if self.exhausted else self._read()
+            if keys is _END:
+                return
+            if type(keys) is _Raise:
+                raise keys.exc
             yield keys
+
+    def _read(self) -> Any:
+        """The sampler's next batch (the lock held): ``_END`` at its end, its error as a ``_Raise``."""
+        self.tries += 1
+        try:
+            return next(self.source)
+        except StopIteration:
+            self.exhausted = True
+            return _END
+        except Exception as exc:
+            self.exhausted = True
+            return _Raise(exc)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -388,3 +378,6 @@ class _Raise:
 
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
+
+
+_END = object()   # the sampler ended: no batch
