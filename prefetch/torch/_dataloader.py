@@ -600,7 +600,7 @@ class _ThreadIter:
         # each sample copied once into its row (torch stacks a list, then copies
         # again into shared memory); _as_torch turns its numpy leaves into tensors.
         self._convert = auto and loader.collate_fn is default_collate
-        collate = None if self._convert else loader.collate_fn if auto else _OneSample(loader.collate_fn)
+        collate = None if self._convert else loader.collate_fn
         # One GIL notice per DataLoader, though each epoch without persistent workers
         # has a Loader of its own.
         self._gil_noticed = loader._gil_noticed
@@ -609,15 +609,14 @@ class _ThreadIter:
             # with num_workers=0, as torch's main process); torch's batch_size=None
             # hands out collate_fn(sample) for each sample.
             per_thread: Any = stream_replica if loader.num_workers > 0 else _the_dataset
-            batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
-                            collate=loader.collate_fn if not auto else collate)
+            batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last, collate=collate)
         else:
             self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
                                      ahead=self._ahead, stateful=_stateful_samplers(loader), choice=self._choice)
             # Each thread loads from a copy of its own, as each worker process (not with
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
-            batching = dict(batch_sampler=self._batches, collate=collate)
+            batching = dict(batch_sampler=self._batches, collate=collate if auto else _OneSample(collate))
         init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
         # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
         # A batch's error is that batch's; the epoch goes on (torch's does).
