@@ -90,13 +90,18 @@ _A_STREAM = ("for a generator or any other stream, subclass torch.utils.data.Ite
              "__iter__ yields the samples) and pass an instance of it")
 
 
-def _check_given(given: dict[str, Any]) -> None:
+def _check_given(given: dict[str, Any], loading: str) -> None:
     """The arguments torch's constructor accepts and its iterator would fail
-    on (or print without their quotes), refused here, where they are given."""
+    on (or print without their quotes), refused here, where they are given
+    (``given`` empty: a call torch refuses, which its own ``__init__`` says)."""
     if "dataset" in given and not isinstance(given["dataset"], IterableDataset):
         check_dataset(given["dataset"], _A_STREAM)
     if "num_workers" in given:
         check_num_workers(given["num_workers"])
+    if loading == "processes" and given and not given.get("num_workers", 0):
+        raise ValueError("loading='processes' loads in torch's worker processes: it needs num_workers >= 1, got "
+                         "num_workers=0 (torch then loads in its main process; loading='threads' loads on one "
+                         "thread)")
     size = given.get("batch_size", 1)
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
         # torch's condition and words, with the value as written ('4', not 4)
@@ -130,7 +135,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     ``loading`` (keyword only, not torch's) fixes where this loader loads:
     ``"threads"``, ``"processes"`` (torch's own iterator and worker
-    processes, exactly as ``torch.utils.data.DataLoader``: ``stats()`` then
+    processes, ``num_workers >= 1`` of them, exactly as
+    ``torch.utils.data.DataLoader``: ``stats()`` then
     counts the batches handed out, ``loading="processes"``; an
     ``IterableDataset``'s ``state_dict()`` is then had between epochs only),
     or ``"auto"`` (the default: threads, until they measure that
@@ -199,7 +205,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             given = _TORCH_INIT.bind(self, *args, **kwargs).arguments
         except TypeError:
             given = {}   # a call torch refuses: torch's own __init__ says why, below
-        _check_given(given)
+        _check_given(given, loading)
         super().__init__(*args, **kwargs)
         self._gil_noticed = [False]   # the iterators' GIL notice was given (see _ThreadIter)
 
