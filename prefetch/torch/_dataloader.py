@@ -15,7 +15,6 @@ consumer's thread.
 """
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 import copy
 import dataclasses
@@ -25,7 +24,6 @@ import warnings
 import weakref
 from typing import Any, TypeVar
 
-import numpy as np
 from torch.utils.data import IterableDataset, RandomSampler, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
@@ -49,6 +47,7 @@ from prefetch._framework import (
     try_state,
     warn_at_user,
 )
+from prefetch.torch._collate import as_torch
 from prefetch.torch._device import PinnedHost
 from prefetch.torch._processes import MID_STREAM, STREAM_STATE, TorchEpoch, Workers, say, why_not_processes
 from prefetch.torch._sampler import (
@@ -473,90 +472,6 @@ def _check_sampler_part(part: Any, loader: Any) -> None:
         try_state(s, saved)
 
 
-def _leaf_collection(obj: Any) -> bool:
-    """A collection the Loader keeps whole (a leaf) and torch's
-    default_collate takes apart: a Mapping that is no dict (a ``UserDict``,
-    a read-only ``Mapping``), a Sequence that is no list, tuple or string
-    (a ``range``, a ``UserList``)."""
-    if isinstance(obj, collections.abc.Mapping):
-        return not isinstance(obj, dict)
-    return isinstance(obj, collections.abc.Sequence) and not isinstance(obj, (list, tuple, str, bytes))
-
-
-_NODES = (list, tuple, dict, np.ndarray)
-# Objects that are their own conversion: a column of them (the Loader's list of
-# the samples' strings, say) is checked by type alone, not by the ABC checks
-# below, which cost about a microsecond a sample.
-_PLAIN = frozenset({str, bytes, type(None), int, float, bool, complex})
-
-
-def _plain_column(batch: list) -> bool:
-    return all(type(v) in _PLAIN for v in batch)
-
-
-def _item(child: Any) -> Any:
-    """A child of a sequence node: a column of objects (no node, no array
-    among them: strings...) as the tuple torch gives; anything else converted."""
-    if type(child) is list and child and (
-            _plain_column(child) or not any(isinstance(v, _NODES) or _leaf_collection(v) for v in child)):
-        return tuple(child)
-    return _as_torch(child)
-
-
-def _as_torch(batch: Any) -> Any:
-    """A Loader-collated batch as torch's default_collate gives it: numpy
-    arrays as tensors over the same memory, tuples as lists (torch's
-    backwards compatibility); namedtuples, dicts, lists and strings kept.
-
-    Mappings keep their type as torch's do: a dict subclass (which the
-    Loader rebuilds as a node) through ``copy.copy(batch).update(...)``, or
-    its constructor when immutable, else a dict. Any other Mapping (a
-    ``UserDict``, a read-only ``Mapping``) is a leaf to the Loader, so its
-    column is the list of the samples' own objects: torch's default_collate
-    stacks that list here, on the consumer's thread. Sequences likewise: a
-    list subclass keeps its type (``copy.copy(batch)`` refilled, as torch),
-    a tuple subclass becomes a list, and any other Sequence (a ``range``) is
-    a leaf stacked by torch's default_collate. Inside a sequence, a column of
-    strings (or other objects) is a tuple, as torch's ``zip(*batch)`` gives
-    it; elsewhere a list."""
-    t = type(batch)
-    if t is np.ndarray:
-        return torch.from_numpy(batch)
-    if t is dict:
-        return {k: _as_torch(v) for k, v in batch.items()}
-    if t is list and _plain_column(batch):
-        return batch   # a fresh column of the Loader's batch: nothing in it to convert
-    if t is list and batch and all(_leaf_collection(v) for v in batch):
-        # A leaf collection is one to the Loader: only a column holds those.
-        return default_collate(batch)
-    if t is list or t is tuple:
-        return [_item(v) for v in batch]
-    if isinstance(batch, tuple):
-        if hasattr(batch, "_fields"):
-            return t(*(_item(v) for v in batch))
-        return [_item(v) for v in batch]
-    if isinstance(batch, list):   # a subclass, rebuilt by the Loader with its type
-        converted = [_item(v) for v in batch]
-        try:
-            clone = copy.copy(batch)
-            for i, v in enumerate(converted):
-                clone[i] = v
-            return clone
-        except TypeError:   # as torch
-            return converted
-    if isinstance(batch, collections.abc.Mapping):
-        items = {k: _as_torch(v) for k, v in batch.items()}
-        try:
-            if isinstance(batch, collections.abc.MutableMapping):
-                clone = copy.copy(batch)
-                clone.update(items)
-                return clone
-            return t(items)
-        except TypeError:   # as torch: no copy()/update(mapping)/__init__(mapping)
-            return items
-    return batch
-
-
 class _ThreadIter:
     """One epoch (or, with persistent workers, every epoch) of a DataLoader."""
 
@@ -604,7 +519,7 @@ class _ThreadIter:
         auto = loader._auto_collation
         # torch's default_collate: the Loader's own collate gives the same batches,
         # each sample copied once into its row (torch stacks a list, then copies
-        # again into shared memory); _as_torch turns its numpy leaves into tensors.
+        # again into shared memory); as_torch turns its numpy leaves into tensors.
         self._convert = auto and loader.collate_fn is default_collate
         collate = None if self._convert else loader.collate_fn
         # One GIL notice per DataLoader, though each epoch without persistent workers
@@ -727,7 +642,7 @@ class _ThreadIter:
                           f"(when accessing len(dataloader)), but {self._yielded} samples have been "
                           "fetched. " + _REPLICAS * (self._num_workers > 0), stacklevel=2)
         if self._convert:
-            batch = _as_torch(batch)
+            batch = as_torch(batch)
         if self._pin:
             batch = _pin(batch, self._pin_device)
         return batch
