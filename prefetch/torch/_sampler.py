@@ -248,16 +248,6 @@ class _Batches:
         self.read_to(self.tries + len(self))
         yield from ()
 
-    @property
-    def next_plan(self) -> Optional[_Plan]:
-        """The next epoch's plan. Made when first asked for (by a persistent
-        loader as its next epoch begins), not as this one begins: it costs
-        the draws of an epoch (``randperm(n)`` twice), and a loader that is
-        not persistent never asks."""
-        if self._next is None and self.plan is not None:
-            self._next = self.plan.following()
-        return self._next
-
     def _open(self) -> None:
         sampler = _lean(self.sampler)
         self.source = ([i] for i in sampler) if self.single else iter(sampler)
@@ -267,15 +257,20 @@ class _Batches:
         self.token = object()     # the Loader epoch of an earlier one takes nothing more
 
     def order(self, epoch: int) -> Optional[_Plan]:
-        """The plan of the Loader's epoch ``epoch``: the one begun, or the next
-        (none once processes load the epochs: none is opened early)."""
-        if self.choice.processes:
+        """The plan of the Loader's epoch ``epoch``: the one begun, or the
+        next (none once processes load the epochs: none is opened early).
+        The next one is made when first asked for (by a persistent loader as
+        its next epoch begins), not as this one begins: it costs the draws of
+        an epoch (``randperm(n)`` twice), and a loader that is not persistent
+        never asks."""
+        plan = self.plan
+        if self.choice.processes or plan is None or epoch not in (plan.epoch, plan.epoch + 1):
             return None
-        if self.plan is not None and self.plan.epoch == epoch:
-            return self.plan
-        if self.plan is None or self.plan.epoch + 1 != epoch:
-            return None
-        return self.next_plan
+        if epoch == plan.epoch:
+            return plan
+        if self._next is None:
+            self._next = plan.following()
+        return self._next
 
     def read_to(self, tries: int) -> None:
         """Reads the sampler (consumer's thread) until it has been read
