@@ -1,4 +1,4 @@
-"""``loading=``: where the torch drop-in's map-style epochs load, and the
+"""``loading=``: where the torch drop-in's epochs load, and the
 hand-over to torch's own worker processes.
 
 With ``loading="auto"`` (the default) an epoch starts on threads. Where the
@@ -26,6 +26,11 @@ are finished by them and handed out first, while torch's workers start:
 nothing is loaded twice or skipped. An epoch that cannot be cut (its sampler
 read to its end, or its batches opened early by persistent workers) ends on
 threads, and the next one starts in processes.
+
+An ``IterableDataset`` is not cut: each worker's position in the stream is
+its thread's. With ``loading="processes"`` torch's workers read it from
+each epoch's start, as torch's loader does; with ``"auto"`` it stays on
+threads and the warning says why.
 """
 from __future__ import annotations
 
@@ -80,9 +85,10 @@ def _torch_loader(loader: Any, rest: Optional[_Rest], iterator_rng: str) -> Any:
     """A torch ``DataLoader`` that is ``loader`` (every attribute torch's
     iterator reads: dataset, collate_fn, worker_init_fn, multiprocessing
     context, prefetch_factor, pin_memory, timeout, persistent_workers) with
-    ``rest`` as its sampler (None: an IterableDataset's, as it is) and a generator set to where ``loader``'s was as
-    its iterator drew the base seed (``iterator_rng``), so torch's iterator
-    draws the same seed. torch's own class, whatever ``patch()`` rebound."""
+    ``rest`` as its sampler (None: an IterableDataset's, as it is) and a
+    generator set to where ``loader``'s was as its iterator drew the base
+    seed (``iterator_rng``), so torch's iterator draws the same seed.
+    torch's own class, whatever ``patch()`` rebound."""
     own = next(c for c in type(loader).__mro__
                if c.__module__ == "torch.utils.data.dataloader" and c.__name__ == "DataLoader")
     proxy = own.__new__(own)
