@@ -20,7 +20,7 @@ import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Iterator, Optional
 
-from prefetch._types import GILBoundWarning
+from prefetch._types import GILBoundWarning, Stats
 from prefetch._warn import warn_consumer
 
 
@@ -148,5 +148,6 @@ class ProcessEpoch:
             return self.source.state_dict()  # type: ignore[no-any-return]  # the next epoch's start
         return dict(self.state, batches=self.handed, out_of_order=[])
 
-    def stats(self) -> Any:
-        return dataclasses.replace(self.source.stats(), consumed=self.handed, loading="processes")
+    def stats(self) -> Stats:
+        stats: Stats = self.source.stats()
+        return dataclasses.replace(stats, consumed=self.handed, loading="processes")

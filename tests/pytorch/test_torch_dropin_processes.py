@@ -296,3 +296,21 @@ def test_a_gil_bound_stream_stays_on_threads_and_the_warning_says_why(gil_bound)
     assert "stays on threads" in text and "mid-epoch" in text and "loading='processes'" in text
     assert dl.stats().loading == "threads"
     dl.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_stream_in_processes_closed_or_dropped_mid_epoch_leaves_no_process(how):
+    dl = DataLoader(Shards(), batch_size=4, num_workers=2, loading="processes")
+    it = iter(dl)
+    assert next(it)[0, 1] != MAIN and children() != []
+    if how == "close":
+        dl.close()
+        with pytest.raises(Exception, match="closed"):
+            next(it)
+    else:
+        del it   # torch's iterators have no close(): dropped, it ends its workers
+        gc.collect()
+    for p in children():
+        p.wait(timeout=30)
+    assert children() == []
