@@ -146,8 +146,8 @@ def unpatch() -> None:
             except (AttributeError, TypeError):
                 unset.append(f"{getattr(module, '__name__', module)!s}.{name}")
         _patched = False
-    derived = [f"{sub.__module__}.{sub.__qualname__}"
-               for cls in stand_ins for sub in type.__subclasses__(cls)]  # type: ignore[var-annotated]
+    derived = [f"{sub.__module__}.{sub.__qualname__}"  # type: ignore[var-annotated]
+               for cls in stand_ins for sub in type.__subclasses__(cls)]
     said = [f"{', '.join(derived)}, defined while patched, derive from the stand-in and still build "
             "prefetch.torch's drop-in (define them again to derive from torch's class)"] if derived else []
     if unset:
