@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from prefetch import _warn
 from prefetch._core import MAP_KEYS_UNCHECKED
-from prefetch._handover import say_handover, start_method, unpicklable
+from prefetch._handover import Choice, Cut, ProcessEpoch, say_handover, start_method, unpicklable
 from prefetch._lifecycle import close_aside
 from prefetch._options import (
     MAX_EPOCH,
@@ -54,10 +54,10 @@ from prefetch.adapters import (
 from prefetch.iterator import Prefetcher
 from prefetch.loader import Loader, ints, worker_info
 
-__all__ = ["MAX_EPOCH", "ClosedError", "FrameworkLoader", "GILBoundWarning", "Options",
+__all__ = ["MAX_EPOCH", "Choice", "ClosedError", "Cut", "FrameworkLoader", "GILBoundWarning", "Options",
            "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int", "check_loading",
            "check_num_workers", "check_state", "close_when_dropped", "ints", "machinery", "make_state",
-           "order_part", "register_collate", "register_container", "register_device", "register_leaf",
+           "order_part", "ProcessEpoch", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
            "stream_copy", "try_state", "unpicklable", "warn_at_user", "warn_consumer", "worker_info"]
 

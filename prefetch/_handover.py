@@ -1,16 +1,26 @@
 """What the drop-ins' hand-over to their framework's own worker processes
-shares (each adapter folder's _processes.py): the start
-method those processes would use, whether what they need pickles, and the
-one warning that says what the DataLoader did on the GIL notice and why.
-Framework-free: each drop-in names its framework and what stays the same.
+shares (each adapter folder's _processes.py): the choice of where a
+DataLoader's epochs load (``Choice``), the epoch's index lists cut between
+the Loader's threads and those processes (``Cut``), the record of an epoch
+the processes finish (``ProcessEpoch``), the start method those processes
+would use, whether what they need pickles, and the one warning that says
+what the DataLoader did on the GIL notice and why. Framework-free: each
+drop-in drives its framework's worker machinery, names its framework and
+what stays the same.
+
+Threading contract: ``Cut.__next__`` runs on the Loader's threads; everything
+else on the consumer's thread.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import multiprocessing
+import threading
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from prefetch._types import GILBoundWarning
+from prefetch._types import GILBoundWarning, Stats
 from prefetch._warn import warn_consumer
 
 
@@ -33,12 +43,15 @@ def unpicklable(what: str, objects: tuple[Any, ...], needed_by: str) -> Optional
 
 
 def say_handover(note: Any, reason: Optional[str], *, framework: str, loader: str, workers: int,
-                 method: str, same: str) -> None:
+                 method: str, same: str, cannot_run: bool = True) -> None:
     """The one warning about the GIL notice ``note``, at the user's line:
     the DataLoader now loads with ``framework``'s own worker processes (the
-    ones ``loader`` uses), or, with a ``reason``, stays on threads."""
+    ones ``loader`` uses), or, with a ``reason``, stays on threads (where
+    not ``cannot_run``, a reason other than those processes' inability to
+    run the dataset)."""
     if reason is not None:
-        message = f"{note} It stays on threads: {framework}'s worker processes cannot run it: {reason}."
+        cannot = f"{framework}'s worker processes cannot run it: " if cannot_run else ""
+        message = f"{note} It stays on threads: {cannot}{reason}."
     else:
         message = (f"DataLoader: its {note.threads} threads ran dataset[i] about {note.parallelism:.1f} at a time "
                    f"({note.wait_share:.0%} of their time at work went to waiting for each other, on "
@@ -50,3 +63,91 @@ def say_handover(note: Any, reason: Optional[str], *, framework: str, loader: st
     for name in ("parallelism", "wait_share", "threads", "cpus", "speedup"):
         setattr(warning, name, getattr(note, name, None))
     warn_consumer(warning, GILBoundWarning)   # type: ignore[arg-type]
+
+
+class Choice:
+    """Where one DataLoader's epochs load (its ``loading=``): in its
+    framework's worker processes (``processes``), or on threads; with
+    ``"auto"``, on threads until the GIL notice is acted on (``decide``)."""
+
+    __slots__ = ("processes", "decided", "notices")
+
+    def __init__(self, loading: str) -> None:
+        self.processes = loading == "processes"
+        self.decided = loading != "auto"
+        # The GIL notices the Loaders passed (on_notice: the list's append, so a
+        # Loader holds no reference to the DataLoader, which its threads go with).
+        self.notices: list[Any] = []
+
+    def on_notice(self, can_hand_over: bool) -> Optional[Callable[[Any], None]]:
+        """A Loader's ``on_notice``: None (the core warns itself) once decided,
+        or where there is nothing to hand over (``can_hand_over`` False)."""
+        return self.notices.append if can_hand_over and not self.decided else None
+
+    def decide(self, why_not: Callable[[], Optional[str]], say: Callable[[Any, Optional[str]], None]) -> bool:
+        """The notice taken and acted on once per DataLoader, whichever of its
+        Loaders noticed: ``why_not()`` the processes cannot take the epochs
+        (None: they can), ``say(note, reason)`` the one warning. True where
+        the epochs now load in processes."""
+        note = self.notices.pop()
+        self.notices.clear()
+        if self.decided:
+            return False
+        self.decided = True
+        reason = why_not()
+        say(note, reason)
+        self.processes = reason is None
+        return self.processes
+
+
+class Cut:
+    """An epoch's index lists as the Loader's threads take them (their batch
+    sampler's iterator), until cut (``rest()``): what is left is the worker
+    processes' to load."""
+
+    def __init__(self, keys: Iterator[Any], done: bool, skip: int) -> None:
+        self.keys = keys
+        self.lock = threading.Lock()   # a thread takes, or the consumer cuts
+        self.done = done               # an epoch begun in processes: the threads take none
+        self.skip = skip               # batches handed out before a resumed state was saved
+        self.taken = 0
+
+    def __iter__(self) -> Cut:
+        return self
+
+    def __next__(self) -> Any:
+        with self.lock:
+            if self.done:
+                raise StopIteration
+            keys = next(self.keys)
+            self.taken += 1
+            return keys
+
+    def rest(self) -> Iterator[Any]:
+        """The index lists no thread took (the threads take no more), past
+        those handed out before a resumed state was saved (the Loader's
+        threads read and drop them: those they did not take are dropped here)."""
+        with self.lock:
+            self.done = True
+            return itertools.islice(self.keys, max(0, self.skip - self.taken), None)
+
+
+class ProcessEpoch:
+    """An epoch that the worker processes finish, as the DataLoader's state
+    and stats read it: the thread Loader's record of the epoch (as it was
+    cut) with the batches handed out counted here."""
+
+    def __init__(self, source: Any, handed: int) -> None:
+        self.source = source
+        self.state = source.state_dict()   # taken while the epoch runs: this epoch's
+        self.handed = handed               # batches of the epoch handed out (or failed)
+        self.finished = False
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.finished:
+            return self.source.state_dict()  # type: ignore[no-any-return]  # the next epoch's start
+        return dict(self.state, batches=self.handed, out_of_order=[])
+
+    def stats(self) -> Stats:
+        stats: Stats = self.source.stats()
+        return dataclasses.replace(stats, consumed=self.handed, loading="processes")

@@ -15,7 +15,6 @@ consumer's thread.
 """
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 import copy
 import dataclasses
@@ -25,12 +24,12 @@ import warnings
 import weakref
 from typing import Any, TypeVar
 
-import numpy as np
 from torch.utils.data import IterableDataset, RandomSampler, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
 from prefetch._framework import (
     MAX_EPOCH,
+    Choice,
     ClosedError,
     FrameworkLoader,
     Stats,
@@ -48,15 +47,9 @@ from prefetch._framework import (
     try_state,
     warn_at_user,
 )
+from prefetch.torch._collate import as_torch
 from prefetch.torch._device import PinnedHost
-from prefetch.torch._processes import (
-    Choice,
-    ProcessEpoch,
-    Workers,
-    rest_of,
-    say,
-    why_not_processes,
-)
+from prefetch.torch._processes import MID_STREAM, STREAM_STATE, TorchEpoch, Workers, say, why_not_processes
 from prefetch.torch._sampler import (
     _Batches,
     _generators,
@@ -96,13 +89,18 @@ _A_STREAM = ("for a generator or any other stream, subclass torch.utils.data.Ite
              "__iter__ yields the samples) and pass an instance of it")
 
 
-def _check_given(given: dict[str, Any]) -> None:
+def _check_given(given: dict[str, Any], loading: str) -> None:
     """The arguments torch's constructor accepts and its iterator would fail
-    on (or print without their quotes), refused here, where they are given."""
+    on (or print without their quotes), refused here, where they are given
+    (``given`` empty: a call torch refuses, which its own ``__init__`` says)."""
     if "dataset" in given and not isinstance(given["dataset"], IterableDataset):
         check_dataset(given["dataset"], _A_STREAM)
     if "num_workers" in given:
         check_num_workers(given["num_workers"])
+    if loading == "processes" and given and not given.get("num_workers", 0):
+        raise ValueError("loading='processes' loads in torch's worker processes: it needs num_workers >= 1, got "
+                         "num_workers=0 (torch then loads in its main process; loading='threads' loads on one "
+                         "thread)")
     size = given.get("batch_size", 1)
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
         # torch's condition and words, with the value as written ('4', not 4)
@@ -134,14 +132,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     that ignores it yields every sample ``num_workers`` times, as with
     torch's processes.
 
-    ``loading`` (keyword only, not torch's) fixes where this loader loads
-    a map-style dataset: ``"threads"``, ``"processes"`` (torch's own
-    iterator and worker processes, exactly as ``torch.utils.data.DataLoader``:
-    ``stats()`` then counts the batches handed out, ``loading="processes"``),
+    ``loading`` (keyword only, not torch's) fixes where this loader loads:
+    ``"threads"``, ``"processes"`` (torch's own iterator and worker
+    processes, ``num_workers >= 1`` of them, exactly as
+    ``torch.utils.data.DataLoader``: ``stats()`` then
+    counts the batches handed out, ``loading="processes"``; an
+    ``IterableDataset``'s ``state_dict()`` is then had between epochs only),
     or ``"auto"`` (the default: threads, until they measure that
-    ``dataset[i]`` holds the GIL: torch's processes then load the rest).
-    An ``IterableDataset`` loads on threads whatever it says. ValueError
-    for any other value.
+    ``dataset[i]`` holds the GIL: torch's processes then load the rest of a
+    map-style dataset; an ``IterableDataset`` stays on threads, as its
+    workers' positions cannot move mid-epoch, and the warning says so).
+    ValueError for any other value.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
@@ -198,12 +199,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def __init__(self, *args: Any, loading: str = "auto", **kwargs: Any) -> None:
         check_loading(loading)
         self.loading = loading   # before torch's __init__, whose worker-count check reads it
-        self._choice = Choice(loading)   # where its epochs load (_processes.py)
+        self._choice = Choice(loading)   # where its epochs load (_processes.py), decided once
         try:
             given = _TORCH_INIT.bind(self, *args, **kwargs).arguments
         except TypeError:
             given = {}   # a call torch refuses: torch's own __init__ says why, below
-        _check_given(given)
+        _check_given(given, loading)
         super().__init__(*args, **kwargs)
         self._gil_noticed = [False]   # the iterators' GIL notice was given (see _ThreadIter)
 
@@ -296,6 +297,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             # (whether its epoch ended): the state itself says that here.
             state = {k: v for k, v in state.items() if k != "_iterator_finished"}
         iterable = isinstance(self.dataset, IterableDataset)
+        if iterable and self.loading == "processes" and isinstance(state, dict) and state.get("batches"):
+            raise ValueError(f"state has batches={state['batches']!r}: {STREAM_STATE}")
         resume, seed = check_state(
             state, dataset_length=None if iterable else len(self.dataset), batch_size=self.batch_size,
             order=_order(self), seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
@@ -469,90 +472,6 @@ def _check_sampler_part(part: Any, loader: Any) -> None:
         try_state(s, saved)
 
 
-def _leaf_collection(obj: Any) -> bool:
-    """A collection the Loader keeps whole (a leaf) and torch's
-    default_collate takes apart: a Mapping that is no dict (a ``UserDict``,
-    a read-only ``Mapping``), a Sequence that is no list, tuple or string
-    (a ``range``, a ``UserList``)."""
-    if isinstance(obj, collections.abc.Mapping):
-        return not isinstance(obj, dict)
-    return isinstance(obj, collections.abc.Sequence) and not isinstance(obj, (list, tuple, str, bytes))
-
-
-_NODES = (list, tuple, dict, np.ndarray)
-# Objects that are their own conversion: a column of them (the Loader's list of
-# the samples' strings, say) is checked by type alone, not by the ABC checks
-# below, which cost about a microsecond a sample.
-_PLAIN = frozenset({str, bytes, type(None), int, float, bool, complex})
-
-
-def _plain_column(batch: list) -> bool:
-    return all(type(v) in _PLAIN for v in batch)
-
-
-def _item(child: Any) -> Any:
-    """A child of a sequence node: a column of objects (no node, no array
-    among them: strings...) as the tuple torch gives; anything else converted."""
-    if type(child) is list and child and (
-            _plain_column(child) or not any(isinstance(v, _NODES) or _leaf_collection(v) for v in child)):
-        return tuple(child)
-    return _as_torch(child)
-
-
-def _as_torch(batch: Any) -> Any:
-    """A Loader-collated batch as torch's default_collate gives it: numpy
-    arrays as tensors over the same memory, tuples as lists (torch's
-    backwards compatibility); namedtuples, dicts, lists and strings kept.
-
-    Mappings keep their type as torch's do: a dict subclass (which the
-    Loader rebuilds as a node) through ``copy.copy(batch).update(...)``, or
-    its constructor when immutable, else a dict. Any other Mapping (a
-    ``UserDict``, a read-only ``Mapping``) is a leaf to the Loader, so its
-    column is the list of the samples' own objects: torch's default_collate
-    stacks that list here, on the consumer's thread. Sequences likewise: a
-    list subclass keeps its type (``copy.copy(batch)`` refilled, as torch),
-    a tuple subclass becomes a list, and any other Sequence (a ``range``) is
-    a leaf stacked by torch's default_collate. Inside a sequence, a column of
-    strings (or other objects) is a tuple, as torch's ``zip(*batch)`` gives
-    it; elsewhere a list."""
-    t = type(batch)
-    if t is np.ndarray:
-        return torch.from_numpy(batch)
-    if t is dict:
-        return {k: _as_torch(v) for k, v in batch.items()}
-    if t is list and _plain_column(batch):
-        return batch   # a fresh column of the Loader's batch: nothing in it to convert
-    if t is list and batch and all(_leaf_collection(v) for v in batch):
-        # A leaf collection is one to the Loader: only a column holds those.
-        return default_collate(batch)
-    if t is list or t is tuple:
-        return [_item(v) for v in batch]
-    if isinstance(batch, tuple):
-        if hasattr(batch, "_fields"):
-            return t(*(_item(v) for v in batch))
-        return [_item(v) for v in batch]
-    if isinstance(batch, list):   # a subclass, rebuilt by the Loader with its type
-        converted = [_item(v) for v in batch]
-        try:
-            clone = copy.copy(batch)
-            for i, v in enumerate(converted):
-                clone[i] = v
-            return clone
-        except TypeError:   # as torch
-            return converted
-    if isinstance(batch, collections.abc.Mapping):
-        items = {k: _as_torch(v) for k, v in batch.items()}
-        try:
-            if isinstance(batch, collections.abc.MutableMapping):
-                clone = copy.copy(batch)
-                clone.update(items)
-                return clone
-            return t(items)
-        except TypeError:   # as torch: no copy()/update(mapping)/__init__(mapping)
-            return items
-    return batch
-
-
 class _ThreadIter:
     """One epoch (or, with persistent workers, every epoch) of a DataLoader."""
 
@@ -590,20 +509,19 @@ class _ThreadIter:
             framework = _torch_part(generator)
             base_seed = _base_seed(loader.generator)
         self._batches: _Batches | None = None
-        self._choice = loader._choice
+        self._choice: Choice = loader._choice
         self._loader = weakref.ref(loader)   # read at a hand-over to torch's processes; not kept alive
         # torch's worker processes, once they load: they draw the base seed where this iterator drew it.
         self._workers = Workers(framework["iterator_rng"])
-        self._processes: ProcessEpoch | None = None   # the epoch begun, once they load it
+        self._processes: TorchEpoch | None = None   # the epoch begun, once they load it
         self._drained = False   # the threads handed out their part of the epoch begun: torch's workers go on
-        self._notices: list[Any] = []   # the GIL notice, taken from the Loader for _decide
         self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
         auto = loader._auto_collation
         # torch's default_collate: the Loader's own collate gives the same batches,
         # each sample copied once into its row (torch stacks a list, then copies
-        # again into shared memory); _as_torch turns its numpy leaves into tensors.
+        # again into shared memory); as_torch turns its numpy leaves into tensors.
         self._convert = auto and loader.collate_fn is default_collate
-        collate = None if self._convert else loader.collate_fn if auto else _OneSample(loader.collate_fn)
+        collate = None if self._convert else loader.collate_fn
         # One GIL notice per DataLoader, though each epoch without persistent workers
         # has a Loader of its own.
         self._gil_noticed = loader._gil_noticed
@@ -612,16 +530,14 @@ class _ThreadIter:
             # with num_workers=0, as torch's main process); torch's batch_size=None
             # hands out collate_fn(sample) for each sample.
             per_thread: Any = stream_replica if loader.num_workers > 0 else _the_dataset
-            batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
-                            collate=loader.collate_fn if not auto else collate)
+            batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last, collate=collate)
         else:
             self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
-                                     ahead=self._ahead, stateful=_stateful_samplers(loader))
+                                     ahead=self._ahead, stateful=_stateful_samplers(loader), choice=self._choice)
             # Each thread loads from a copy of its own, as each worker process (not with
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
-            self._batches.processes = self._choice.processes
-            batching = dict(batch_sampler=self._batches, collate=collate)
+            batching = dict(batch_sampler=self._batches, collate=collate if auto else _OneSample(collate))
         init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
         # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
         # A batch's error is that batch's; the epoch goes on (torch's does).
@@ -633,8 +549,8 @@ class _ThreadIter:
                                        order=_order(loader), said_batch_size=loader.batch_size,
                                        stream=self._iterable,
                                        remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
-                                       on_notice=self._notices.append
-                                       if not self._iterable and self._choice.acts_on(loader) else None,
+                                       # ordered batches (the state counts them), workers to hand them to
+                                       on_notice=self._choice.on_notice(loader.in_order and loader.num_workers > 0),
                                        **batching, **options)
         if resume is not None:
             self._source.load_checked(*checked)   # checked once, by load_state_dict
@@ -666,8 +582,12 @@ class _ThreadIter:
         self.position.finished = False
         self.position.source = self._source
         self._processes, self._drained = None, False
+        if self._choice.processes and self._iterable:
+            self._hand_over()   # torch's workers read the stream from its start
+            self._epoch, self._drained = self._processes, True
+            return
         self._epoch = iter(self._source)   # a map-style epoch reads its sampler here (_Batches)
-        if self._choice.processes and self._batches is not None:
+        if self._choice.processes:
             self._hand_over()
 
     def __iter__(self) -> _ThreadIter:
@@ -715,14 +635,14 @@ class _ThreadIter:
             raise
         self._handed_one()
         self._yielded += 1
-        if self._processes is None and self._notices:
+        if self._processes is None and self._choice.notices:
             self._decide()
         if self._iterable and self._len_called is not None and self._yielded > self._len_called:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
                           f"(when accessing len(dataloader)), but {self._yielded} samples have been "
                           "fetched. " + _REPLICAS * (self._num_workers > 0), stacklevel=2)
         if self._convert:
-            batch = _as_torch(batch)
+            batch = as_torch(batch)
         if self._pin:
             batch = _pin(batch, self._pin_device)
         return batch
@@ -738,17 +658,12 @@ class _ThreadIter:
         """The threads measured dataset[i] holding the GIL: torch's worker
         processes load the rest of the epoch, and every later one, where they
         can run the dataset; the one warning says what and why."""
-        note = self._notices.pop()
-        self._choice.decided = True
-        loader = self._loader()
-        if loader is None:   # the iterator outlived its DataLoader: nothing to build torch's from
-            say(note, None, "its DataLoader is gone")
-            return
-        reason = why_not_processes(loader)
-        say(note, loader, reason)
-        if reason is None:
-            self._choice.processes = True
-            self._batches.processes = True  # type: ignore[union-attr]
+        loader = self._loader()   # None: the iterator outlived it, nothing to build torch's from
+
+        def why_not() -> str | None:
+            return "its DataLoader is gone" if loader is None else (
+                MID_STREAM if self._iterable else why_not_processes(loader))
+        if self._choice.decide(why_not, lambda note, reason: say(note, loader, reason)):
             self._hand_over()   # where the epoch cannot be cut, the next one begins in processes
 
     def _hand_over(self) -> None:
@@ -756,12 +671,12 @@ class _ThreadIter:
         worker processes (started here, or persistent ones reset), which load
         them while the threads finish theirs."""
         self._source.drop_following()   # the next epoch is not opened early on threads
-        cut = self._batches.rest()  # type: ignore[union-attr]
+        rest = None if self._batches is None else self._batches.rest()
         loader = self._loader()
-        if cut is None or loader is None:
+        if (rest is None and not self._iterable) or loader is None:
             return
-        self._workers.begin(loader, rest_of(*cut))
-        self._processes = ProcessEpoch(self._source, self._workers, self._handed)
+        self._workers.begin(loader, rest)
+        self._processes = TorchEpoch(self._source, self._workers, self._handed, self._iterable)
         self.position.source = self._processes
 
     def _from_processes(self) -> Any:
@@ -794,7 +709,7 @@ class _ThreadIter:
 
 class _Position:
     """What ``state_dict()`` reads of the DataLoader iterator made last:
-    its source (the thread Loader, or the ``ProcessEpoch`` torch's workers
+    its source (the thread Loader, or the ``TorchEpoch`` torch's workers
     finish), kept after the iterator is gone (a break) and after it closed:
     the state of a run that saves its checkpoint after leaving its loop, or
     on shutdown."""

@@ -33,11 +33,10 @@ from typing import Any
 import numpy as np
 
 from prefetch._framework import register_device
+from prefetch.torch._tensor import NUMPY_DTYPES
 from prefetch.torch._torch import torch
 
-_FROM_NUMPY = frozenset(np.dtype(name) for name in (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128"))
+_FROM_NUMPY = frozenset(torch.empty(0, dtype=dt).numpy().dtype for dt in NUMPY_DTYPES)
 
 
 def as_tensor(leaf: Any) -> Any:

@@ -146,13 +146,11 @@ def unpatch() -> None:
             except (AttributeError, TypeError):
                 unset.append(f"{getattr(module, '__name__', module)!s}.{name}")
         _patched = False
-    subclasses: list[type] = [sub for cls in stand_ins for sub in type.__subclasses__(cls)]  # type: ignore[var-annotated]
-    derived = [f"{sub.__module__}.{sub.__qualname__}" for sub in subclasses]
-    if derived or unset:
-        said = []
-        if derived:
-            said.append(f"{', '.join(derived)}, defined while patched, derive from the stand-in and still "
-                        "build prefetch.torch's drop-in (define them again to derive from torch's class)")
-        if unset:
-            said.append(f"{', '.join(unset)} could not be set back to torch's class")
+    derived = [f"{sub.__module__}.{sub.__qualname__}"  # type: ignore[var-annotated]
+               for cls in stand_ins for sub in type.__subclasses__(cls)]
+    said = [f"{', '.join(derived)}, defined while patched, derive from the stand-in and still build "
+            "prefetch.torch's drop-in (define them again to derive from torch's class)"] if derived else []
+    if unset:
+        said.append(f"{', '.join(unset)} could not be set back to torch's class")
+    if said:
         warnings.warn(f"unpatch(): {'; '.join(said)}", UserWarning, stacklevel=2)

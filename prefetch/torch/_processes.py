@@ -1,4 +1,4 @@
-"""``loading=``: where the torch drop-in's map-style epochs load, and the
+"""``loading=``: where the torch drop-in's epochs load, and the
 hand-over to torch's own worker processes.
 
 With ``loading="auto"`` (the default) an epoch starts on threads. Where the
@@ -26,35 +26,21 @@ are finished by them and handed out first, while torch's workers start:
 nothing is loaded twice or skipped. An epoch that cannot be cut (its sampler
 read to its end, or its batches opened early by persistent workers) ends on
 threads, and the next one starts in processes.
+
+An ``IterableDataset`` is not cut: each worker's position in the stream is
+its thread's. With ``loading="processes"`` torch's workers read it from
+each epoch's start, as torch's loader does; with ``"auto"`` it stays on
+threads and the warning says why.
 """
 from __future__ import annotations
 
-import dataclasses
-import itertools
 from typing import Any, Iterator, Optional
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from prefetch._framework import Stats, say_handover, start_method, unpicklable
+from prefetch._framework import ProcessEpoch, say_handover, start_method, unpicklable
 from prefetch.torch._sampler import decode_generator
 from prefetch.torch._torch import torch
-
-
-class Choice:
-    """One DataLoader's: its ``loading=``, and whether its epochs now load in processes."""
-
-    __slots__ = ("loading", "processes", "decided")
-
-    def __init__(self, loading: str) -> None:
-        self.loading = loading
-        self.processes = loading == "processes"
-        self.decided = loading != "auto"   # "auto": until the GIL notice came and was acted on
-
-    def acts_on(self, loader: Any) -> bool:
-        """Whether this loader's GIL notice is this module's to act on: "auto",
-        undecided, ordered batches (the state counts them), worker processes to
-        hand them to."""
-        return not self.decided and loader.in_order and loader.num_workers > 0
 
 
 def why_not_processes(loader: Any) -> Optional[str]:
@@ -66,12 +52,17 @@ def why_not_processes(loader: Any) -> Optional[str]:
                        (loader.dataset, loader.collate_fn, loader.worker_init_fn), f"the {method!r} start method")
 
 
+# Why a stream's epoch stays on threads under loading="auto".
+MID_STREAM = ("an IterableDataset's epoch cannot move to them mid-epoch (each worker's position in the stream is "
+              "its thread's); loading='processes' loads it in torch's worker processes from the start")
+
+
 def say(note: Any, loader: Any, reason: Optional[str]) -> None:
     """The one warning about the GIL notice ``note``: what the DataLoader does (at the user's line)."""
     say_handover(note, reason, framework="torch", loader="torch.utils.data.DataLoader",
                  workers=0 if loader is None else loader.num_workers,
                  method="" if loader is None else start_method(loader.multiprocessing_context),
-                 same="the same batches, order, seeds and state_dict()")
+                 same="the same batches, order, seeds and state_dict()", cannot_run=reason is not MID_STREAM)
 
 
 class _Rest:
@@ -90,13 +81,14 @@ class _Rest:
         return self.length
 
 
-def _torch_loader(loader: Any, rest: _Rest, iterator_rng: str) -> Any:
+def _torch_loader(loader: Any, rest: Optional[_Rest], iterator_rng: str) -> Any:
     """A torch ``DataLoader`` that is ``loader`` (every attribute torch's
     iterator reads: dataset, collate_fn, worker_init_fn, multiprocessing
     context, prefetch_factor, pin_memory, timeout, persistent_workers) with
-    ``rest`` as its sampler and a generator set to where ``loader``'s was as
-    its iterator drew the base seed (``iterator_rng``), so torch's iterator
-    draws the same seed. torch's own class, whatever ``patch()`` rebound."""
+    ``rest`` as its sampler (None: an IterableDataset's, as it is) and a
+    generator set to where ``loader``'s was as its iterator drew the base
+    seed (``iterator_rng``), so torch's iterator draws the same seed.
+    torch's own class, whatever ``patch()`` rebound."""
     own = next(c for c in type(loader).__mro__
                if c.__module__ == "torch.utils.data.dataloader" and c.__name__ == "DataLoader")
     proxy = own.__new__(own)
@@ -104,7 +96,8 @@ def _torch_loader(loader: Any, rest: _Rest, iterator_rng: str) -> Any:
     generator = torch.Generator()
     generator.set_state(decode_generator(iterator_rng))
     fields.update(generator=generator, _iterator=None)
-    fields["batch_sampler" if rest.single is False else "sampler"] = rest
+    if rest is not None:
+        fields["batch_sampler" if rest.single is False else "sampler"] = rest
     vars(proxy).update(fields)   # not setattr: torch refuses to change these after __init__
     return proxy
 
@@ -118,11 +111,14 @@ class Workers:
         self.proxy: Any = None
         self.it: Optional[_MultiProcessingDataLoaderIter] = None
 
-    def begin(self, loader: Any, batches: Iterator[Any]) -> None:
-        """An epoch's (or its rest's) index lists, read as torch reads its sampler."""
+    def begin(self, loader: Any, batches: Optional[Iterator[Any]]) -> None:
+        """An epoch's (or its rest's) index lists, read as torch reads its
+        sampler; None: an IterableDataset's epoch, whole, as torch loads it."""
         if self.proxy is None:
-            self.proxy = _torch_loader(loader, _Rest(not loader._auto_collation, len(loader)), self.iterator_rng)
-        self.proxy._index_sampler.batches = batches
+            rest = None if batches is None else _Rest(not loader._auto_collation, len(loader))
+            self.proxy = _torch_loader(loader, rest, self.iterator_rng)
+        if batches is not None:
+            self.proxy._index_sampler.batches = batches
         if self.it is None:
             self.it = _MultiProcessingDataLoaderIter(self.proxy)   # starts the workers, reads ahead
         else:
@@ -135,21 +131,19 @@ class Workers:
             it._shutdown_workers()
 
 
-class ProcessEpoch:
-    """An epoch that torch's workers finish, as the DataLoader's state and
-    stats read it: the thread Loader's record of the epoch (its number, seed,
-    sampler states as it began) with the batches handed out counted here."""
+class TorchEpoch(ProcessEpoch):
+    """An epoch that torch's workers finish (its batches taken here)."""
 
-    def __init__(self, source: Any, workers: Workers, handed: int) -> None:
-        self.source = source
+    def __init__(self, source: Any, workers: Workers, handed: int, stream: bool) -> None:
+        super().__init__(source, handed)
         self.workers = workers
-        self.state = source.state_dict()   # taken while the epoch runs: this epoch's
-        self.handed = handed               # batches of the epoch handed out (or failed)
-        self.finished = False
+        self.stream = stream   # an IterableDataset's: its workers' positions are theirs
 
     def take(self) -> Any:
         """torch's next batch (its conversion, pinning and timeout); a batch
-        whose error torch raises is counted as handed out, as on threads."""
+        whose error torch raises is counted as handed out, as on threads.
+        (torch's count of batches received also passes those of a stream's
+        workers that ended: one a call.)"""
         it = self.workers.it
         assert it is not None
         before = it._rcvd_idx
@@ -157,33 +151,22 @@ class ProcessEpoch:
             return next(it)
         except StopIteration:
             self.finished = True
+            before = it._rcvd_idx
             raise
         finally:
-            self.handed += it._rcvd_idx - before
+            self.handed += min(1, it._rcvd_idx - before)
 
     def state_dict(self) -> dict[str, Any]:
-        if self.finished:
-            return self.source.state_dict()  # type: ignore[no-any-return]  # the next epoch's start
-        return dict(self.state, batches=self.handed, out_of_order=[])
-
-    def stats(self) -> Stats:
-        return dataclasses.replace(self.source.stats(), consumed=self.handed, loading="processes")
+        if self.stream and self.handed and not self.finished:
+            raise ValueError(STREAM_STATE)
+        return super().state_dict()
 
     def close(self) -> None:
         self.workers.close()
         self.source.close()
 
 
-def rest_of(read: Iterator[Any], replay: Optional[Iterator[Any]], opened: int, tries: int,
-            source: Iterator[Any], handed: int) -> Iterator[Any]:
-    """The epoch's index lists after the ``opened`` ones the threads took: the
-    ``read`` ones no thread took, then (where the threads took a replay of
-    the sampler, ``replay``) the replay's up to the ``tries`` reads of the
-    real sampler, then the real sampler's own, past any the threads took
-    ahead of its reading; the first ``handed`` left out (handed out before a
-    resumed state was saved: read again for the sampler's draws, and dropped)."""
-    head: Iterator[Any] = read
-    if replay is not None:
-        head = itertools.islice(replay, max(0, tries - opened))
-        source = itertools.islice(source, max(0, opened - tries), None)
-    return itertools.islice(itertools.chain(head, source), handed, None)
+STREAM_STATE = ("an IterableDataset loaded with loading='processes' has a state between epochs only: its "
+                "workers' positions in the stream are in torch's worker processes (loading='threads' gives "
+                "one at every batch)")
+

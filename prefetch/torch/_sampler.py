@@ -32,12 +32,13 @@ import base64
 import collections
 import contextlib
 import copy
+import itertools
 import threading
 from typing import Any, NamedTuple, Optional
 
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from prefetch._framework import ints
+from prefetch._framework import Cut, ints
 from prefetch.torch._torch import torch
 
 
@@ -171,23 +172,21 @@ class _Batches:
     start, and the Loader drops the batches delivered before.
     """
 
-    def __init__(self, sampler: Any, single: bool, generator: Any, ahead: int, stateful: list[Any]) -> None:
+    def __init__(self, sampler: Any, single: bool, generator: Any, ahead: int, stateful: list[Any], choice: Any) -> None:
         self.sampler = sampler
         self.single = single          # batch_size=None: each index is a batch of its own
         self.ahead = ahead            # batches torch reads as an epoch begins
         self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
         self.plan: Optional[_Plan] = None        # the epoch's, where its order is known ahead
-        self._begun: Optional[_Plan] = None      # the epoch's plan
         self._next: Optional[_Plan] = None       # the next epoch's, once asked for
         self.generators = _generators(sampler, generator)
         self.stateful = stateful      # the user's samplers with state_dict()/load_state_dict()
         self.pending: Optional[dict[str, Any]] = None   # a state loaded: the next epoch begins there
         self.dropped = 0              # batches of the next epoch the Loader drops (a resume)
         self.number = 0               # the Loader's number for the next epoch
-        self.processes = False        # torch's worker processes load the epochs that begin (_processes.py)
+        self.choice = choice          # its DataLoader's: where the epochs that begin load (_processes.py)
         self.adopted = False          # the epoch begun may be one opened early (its batches are not cut's)
-        self.cut: Optional[_Cut] = None   # what the threads take of the epoch begun
-        self.skip = 0                 # batches of the epoch begun the Loader drops (a resume)
+        self.cut: Optional[Cut] = None   # what the threads take of the epoch begun
         # torch makes an iterator of the sampler when its DataLoader iterator is
         # made, and again as the first epoch begins (a sampler that draws in
         # __iter__ draws twice): so does this.
@@ -219,45 +218,35 @@ class _Batches:
                 for s, saved in zip(self.stateful, state["samplers"]):
                     s.load_state_dict(copy.deepcopy(saved))
             with self.lock:
-                plan = None if self.processes else _plan(self.sampler, self.single, self.number)
+                plan = None if self.choice.processes else _plan(self.sampler, self.single, self.number)
                 self.adopted = plan is not None and plan == self._next
-                self.plan = plan
-                self._begun, self._next = plan, None
+                self.plan, self._next = plan, None
                 self._open()
             self.read_to(self.ahead + self.dropped)
-        self.skip, self.dropped = self.dropped, 0
-        self.cut = _Cut(self._take(self.token) if self.plan is None else self.plan.batches(), self.processes)
+        keys = self._take(self.token) if self.plan is None else self.plan.batches()
+        self.cut = Cut(keys, self.choice.processes, self.dropped)
+        self.dropped = 0
         return self.cut
 
-    def rest(self) -> Optional[tuple[Any, Optional[Any], int, int, Any]]:
+    def rest(self) -> Optional[Any]:
         """Cuts the epoch begun (consumer's thread): the threads take no more
-        of its batches. What is left, for ``_processes.rest_of``: the batches
-        read that no thread took, the replay the threads took from (or None),
-        the batches they took, the sampler's reads, the sampler, and how many
-        of what is left were handed out before a resumed state. None where
-        the epoch cannot be cut (every batch taken, or perhaps opened early)."""
+        of its batches. The index lists left, for torch's worker processes:
+        those no thread took (a plan's, from its replay: the same batches,
+        then the sampler read to its end for its draws). None where the
+        epoch cannot be cut (every batch taken, or perhaps opened early)."""
         cut = self.cut
         if cut is None or self.adopted:
             return None
-        with cut.lock, self.lock:
-            read = list(self.read)
-            if self.exhausted and not read and (self.plan is None or cut.taken >= self.tries - 1):
+        with self.lock:
+            if self.exhausted and not self.read and (self.plan is None or cut.taken >= self.tries - 1):
                 return None   # every batch taken: nothing to cut
-            cut.done = True
-            self.read.clear()
-            self.exhausted = True   # the threads read nothing more of it
-            return (_reread(read), None if self.plan is None else cut.batches, cut.taken, self.tries, self.source,
-                    max(0, self.skip - cut.taken))
+        rest = cut.rest()
+        return rest if self.plan is None else itertools.chain(rest, self._read_to_end())
 
-    @property
-    def next_plan(self) -> Optional[_Plan]:
-        """The next epoch's plan. Made when first asked for (by a persistent
-        loader as its next epoch begins), not as this one begins: it costs
-        the draws of an epoch (``randperm(n)`` twice), and a loader that is
-        not persistent never asks."""
-        if self._next is None and self._begun is not None:
-            self._next = self._begun.following()
-        return self._next
+    def _read_to_end(self) -> Any:
+        """Reads the sampler to its end (its draws), yielding nothing."""
+        self.read_to(self.tries + len(self))
+        yield from ()
 
     def _open(self) -> None:
         sampler = _lean(self.sampler)
@@ -268,86 +257,61 @@ class _Batches:
         self.token = object()     # the Loader epoch of an earlier one takes nothing more
 
     def order(self, epoch: int) -> Optional[_Plan]:
-        """The plan of the Loader's epoch ``epoch``: the one begun, or the next
-        (none once processes load the epochs: none is opened early)."""
-        if self.processes:
+        """The plan of the Loader's epoch ``epoch``: the one begun, or the
+        next (none once processes load the epochs: none is opened early).
+        The next one is made when first asked for (by a persistent loader as
+        its next epoch begins), not as this one begins: it costs the draws of
+        an epoch (``randperm(n)`` twice), and a loader that is not persistent
+        never asks."""
+        plan = self.plan
+        if self.choice.processes or plan is None or epoch not in (plan.epoch, plan.epoch + 1):
             return None
-        if self.plan is not None and self.plan.epoch == epoch:
-            return self.plan
-        if self._begun is None or self._begun.epoch + 1 != epoch:
-            return None
-        return self.next_plan
+        if epoch == plan.epoch:
+            return plan
+        if self._next is None:
+            self._next = plan.following()
+        return self._next
 
     def read_to(self, tries: int) -> None:
         """Reads the sampler (consumer's thread) until it has been read
         ``tries`` times this epoch or has ended. Its error is the batch's it
         replaces: a loader thread raises it there, in the epoch's order."""
-        keep = self.plan is None
         with self.lock:
             while self.tries < tries and not self.exhausted:
-                self.tries += 1
-                try:
-                    keys = next(self.source)
-                except StopIteration:
-                    self.exhausted = True
-                except Exception as exc:
-                    self.exhausted = True
-                    if not keep:
-                        raise     # no thread takes what is read: the reader hears it
-                    self.read.append(_Raise(exc))
-                else:
-                    if keep:
-                        self.read.append(keys)
+                keys = self._read()
+                if type(keys) is _Raise and self.plan is not None:
+                    raise keys.exc   # no thread takes what is read: the reader hears it
+                if self.plan is None and keys is not _END:
+                    self.read.append(keys)
 
     def _take(self, token: object) -> Any:
         while True:
             with self.lock:
                 if self.token is not token:
                     return            # a later epoch began (its batches are its own)
-                if self.read:
-                    keys = self.read.popleft()
-                elif self.exhausted:
-                    return
-                else:
-                    # Ahead of the reading (the Loader's bound keeps its
-                    # threads behind it): read here rather than wait.
-                    self.tries += 1
-                    try:
-                        keys = next(self.source)
-                    except StopIteration:
-                        self.exhausted = True
-                        return
-                    except BaseException:
-                        self.exhausted = True
-                        raise
-                if type(keys) is _Raise:
-                    raise keys.exc
+                # Ahead of the reading (the Loader's bound keeps its threads
+                # behind it): read here rather than wait.
+                keys = self.read.popleft() if self.read else _END if self.exhausted else self._read()
+            if keys is _END:
+                return
+            if type(keys) is _Raise:
+                raise keys.exc
             yield keys
+
+    def _read(self) -> Any:
+        """The sampler's next batch (the lock held): ``_END`` at its end, its error as a ``_Raise``."""
+        self.tries += 1
+        try:
+            return next(self.source)
+        except StopIteration:
+            self.exhausted = True
+            return _END
+        except Exception as exc:
+            self.exhausted = True
+            return _Raise(exc)
 
     def __len__(self) -> int:
         return len(self.sampler)
-
-
-class _Cut:
-    """An epoch's index lists as the Loader's threads take them, until cut
-    (``_Batches.rest``): the rest is torch's worker processes' to load."""
-
-    def __init__(self, batches: Any, done: bool) -> None:
-        self.batches = batches
-        self.lock = threading.Lock()   # a thread takes, or the consumer cuts
-        self.done = done
-        self.taken = 0
-
-    def __iter__(self) -> _Cut:
-        return self
-
-    def __next__(self) -> Any:
-        with self.lock:
-            if self.done:
-                raise StopIteration
-            keys = next(self.batches)
-            self.taken += 1
-            return keys
 
 
 def _generators(index_sampler: Any, generator: Any) -> list[Any]:
@@ -403,16 +367,12 @@ def decode_generator(text: Any) -> Any:
     return state
 
 
-def _reread(read: list[Any]) -> Any:
-    """Batches read, a sampler's error raised where it was read."""
-    for keys in read:
-        if type(keys) is _Raise:
-            raise keys.exc
-        yield keys
-
 
 class _Raise:
     """The sampler's error, read in place of a batch."""
 
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
+
+
+_END = object()   # the sampler ended: no batch

@@ -56,11 +56,11 @@ Tensor = torch.Tensor
 # Dtypes numpy has no equivalent for: their bytes travel as an integer dtype
 # of the same item size (a view, no copy), and the copy is viewed back.
 _BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_NUMPY_DTYPES = frozenset((
+NUMPY_DTYPES = frozenset((
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.float32,
     torch.float64, torch.complex64, torch.complex128))
-_VIEW_AS = {dt: _BY_ITEMSIZE[dt.itemsize] for dt in (
+VIEW_AS = {dt: _BY_ITEMSIZE[dt.itemsize] for dt in (
     getattr(torch, name, None) for name in (
         "bfloat16", "complex32", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
         "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"))
@@ -75,9 +75,9 @@ _STRIDED = torch.strided
 _from_numpy = torch.from_numpy
 # copy_tensor's common case: torch dtype -> the numpy dtype its bytes travel as.
 # Complex dtypes take the general path, where a lazy conjugate is resolved.
-_AS_NUMPY = {dt: torch.empty(0, dtype=_VIEW_AS.get(dt, dt)).numpy().dtype
-             for dt in (_NUMPY_DTYPES | frozenset(_VIEW_AS)) if not dt.is_complex}
-_COPYABLE = _NUMPY_DTYPES | frozenset(_VIEW_AS)   # not quantized
+_AS_NUMPY = {dt: torch.empty(0, dtype=VIEW_AS.get(dt, dt)).numpy().dtype
+             for dt in (NUMPY_DTYPES | frozenset(VIEW_AS)) if not dt.is_complex}
+_COPYABLE = NUMPY_DTYPES | frozenset(VIEW_AS)   # not quantized
 _PLAIN_TYPES = frozenset(t for t in (Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", None)) if t)
 
 
@@ -100,7 +100,7 @@ def copy_tensor(t: Tensor, plan: Any) -> Tensor:
             # The storage keeps the memory valid until the memcpy, whatever
             # becomes of the tensor object meanwhile (set_, resize_).
             out = _from_numpy(plan.array_at(t.untyped_storage(), address, shape, as_numpy))
-            return out if dtype not in _VIEW_AS else out.view(dtype)
+            return out if dtype not in VIEW_AS else out.view(dtype)
     return _copy_general(t, plan)
 
 
@@ -122,7 +122,7 @@ def _copy_general(t: Tensor, plan: Any) -> Tensor:
         if fmt is not None and t.is_contiguous(memory_format=fmt[0]):
             t = t.permute(fmt[1])   # contiguous: one memcpy instead of a strided copy
             back = fmt[2]
-    view = _VIEW_AS.get(t.dtype)
+    view = VIEW_AS.get(t.dtype)
     try:
         src = (t if view is None else t.view(view)).numpy()
     except (RuntimeError, TypeError) as exc:

@@ -669,6 +669,8 @@ MISTAKES = [
      ["batch_size should be a positive integer value, but got batch_size='4'"]),
     ("DataLoader(ds, num_workers='2')", lambda ds: DataLoader(ds, num_workers="2"), TypeError,
      ["num_workers must be an int >= 0", "got '2' (str)"]),
+    ("DataLoader(ds, loading='processes')", lambda ds: DataLoader(ds, loading="processes"), ValueError,
+     ["loading='processes'", "needs num_workers >= 1, got num_workers=0"]),
 ]
 
 

@@ -218,3 +218,99 @@ def test_a_switched_loader_closed_or_dropped_mid_epoch_leaves_no_process(gil_bou
     for p in children():
         p.wait(timeout=30)
     assert children() == []
+
+
+class Shards(torch.utils.data.IterableDataset):
+    """0..n-1, sharded by torch.utils.data.get_worker_info() (torch's recipe):
+    each sample with the pid that read it, the worker's seed and what its
+    worker_init_fn set on the worker's copy."""
+
+    def __init__(self, n=48, wait=0.0):
+        self.n = n
+        self.wait = wait
+        self.started = -1
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            threading.Event().wait(self.wait)
+            yield np.array([i, os.getpid(), -1 if info is None else info.seed, self.started])
+
+
+def mark_started(worker_id):
+    torch.utils.data.get_worker_info().dataset.started = worker_id
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_loading_processes_runs_a_stream_in_torchs_worker_processes_as_torch_does(persistent):
+    def made(cls, **kw):
+        return cls(Shards(), batch_size=4, num_workers=2, worker_init_fn=mark_started, persistent_workers=persistent,
+                   generator=torch.Generator().manual_seed(5), **kw)
+    dl = made(DataLoader, loading="processes")
+    mine = [np.concatenate([b.numpy() for b in dl]) for _ in range(2)]
+    torchs = made(torch.utils.data.DataLoader)
+    theirs = [np.concatenate([b.numpy() for b in torchs]) for _ in range(2)]
+    del torchs   # its persistent workers end with it
+    gc.collect()
+    for a, b in zip(mine, theirs):
+        assert a[:, [0, 2, 3]].tolist() == b[:, [0, 2, 3]].tolist()   # samples, order, seeds, worker_init_fn
+        assert (a[:, 1] != MAIN).all()
+    assert sorted(mine[0][:, 0].tolist()) == list(range(48))
+    assert dl.stats().loading == "processes" and dl.stats().consumed == 12
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_in_processes_gives_its_state_between_epochs_and_refuses_one_mid_epoch():
+    dl = DataLoader(Shards(), batch_size=4, num_workers=2, loading="processes")
+    start = dl.state_dict()
+    it = iter(dl)
+    next(it)
+    with pytest.raises(ValueError, match="IterableDataset.*loading='processes'.*between epochs"):
+        dl.state_dict()
+    rest = [b[:, 0].tolist() for b in it]
+    assert len(rest) == 11 and dl.state_dict()["batches"] == 0
+    threads = DataLoader(Shards(), batch_size=4, num_workers=2, loading="threads")
+    it = iter(threads)
+    next(it)
+    mid = threads.state_dict()
+    threads.close()
+    with pytest.raises(ValueError, match="IterableDataset.*loading='processes'.*between epochs"):
+        dl.load_state_dict(mid)
+    dl.load_state_dict(start)   # an epoch's start: torch's workers load it whole
+    assert sorted(np.concatenate([b.numpy() for b in dl])[:, 0].tolist()) == list(range(48))
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_gil_bound_stream_stays_on_threads_and_the_warning_says_why(gil_bound):
+    dl = DataLoader(Shards(N, wait=0.002), batch_size=4, num_workers=2)
+    (got,), notes = run(dl)
+    assert sorted(got[:, 0].tolist()) == list(range(N)) and (got[:, 1] == MAIN).all()
+    assert len(notes) == 1, [str(w.message) for w in notes]
+    text = str(notes[0].message)
+    assert "stays on threads" in text and "mid-epoch" in text and "loading='processes'" in text
+    assert dl.stats().loading == "threads"
+    dl.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_stream_in_processes_closed_or_dropped_mid_epoch_leaves_no_process(how):
+    dl = DataLoader(Shards(), batch_size=4, num_workers=2, loading="processes")
+    it = iter(dl)
+    assert next(it)[0, 1] != MAIN and children() != []
+    if how == "close":
+        dl.close()
+        with pytest.raises(Exception, match="closed"):
+            next(it)
+    else:
+        del it   # torch's iterators have no close(): dropped, it ends its workers
+        gc.collect()
+    for p in children():
+        p.wait(timeout=30)
+    assert children() == []

@@ -134,7 +134,7 @@ def test_the_plan_made_ahead_is_the_one_the_epoch_reads(case):
             it = iter(loader)
             batches = it._batches
             assert batches.plan is not None and batches.plan == planned or planned is None
-            planned = batches.next_plan
+            planned = batches.order(batches.plan.epoch + 1)
             for _batch in it:
                 pass
 
