@@ -26,8 +26,11 @@ import types
 import numpy as np
 
 from prefetch._framework import (
+    Choice,
     ClosedError,
+    Cut,
     FrameworkLoader,
+    ProcessEpoch,
     Stats,
     check_batch_size,
     check_loading,
@@ -38,7 +41,7 @@ from prefetch._framework import (
     replica,
 )
 from prefetch.mx._mxnet import mx
-from prefetch.mx._processes import Cut, Pool, ProcessPass, say, why_not_processes
+from prefetch.mx._processes import Pool, say, why_not_processes
 
 _gluon_data = mx.gluon.data
 _default_batchify_fn = _gluon_data.dataloader.default_batchify_fn
@@ -302,13 +305,7 @@ class DataLoader(_gluon_data.DataLoader):
         self._prefetch = max(0, int(prefetch) if prefetch is not None else 2 * self._num_workers)
         self._batchify_fn = _default_batchify_fn if batchify_fn is None else batchify_fn
         self._given_batchify = batchify_fn   # Gluon's pool's (None: its default for processes)
-        # Where the passes load (_processes.py): "auto" decides at the GIL notice,
-        # where there are workers to hand the batches to.
-        self._in_processes = loading == "processes"
-        self._decided = loading != "auto" or self._num_workers == 0
-        # The GIL notice, taken from a Loader for _decide (the list's append:
-        # a Loader holds no reference to this DataLoader, which its threads go with).
-        self._notices = []
+        self._choice = Choice(loading)   # where the passes load (_processes.py), decided once
         self._pool = None           # Gluon's worker pool, once it loads
         self._process_pass = None   # the pass that pool finishes or loads, as state_dict()/stats() read it
         # Gluon's default on the host: one copy fewer per batch (pinned batches go Gluon's way)
@@ -349,7 +346,7 @@ class DataLoader(_gluon_data.DataLoader):
                                  workers=max(self._num_workers, 1), depth=max(self._prefetch, 1),
                                  timeout=self._timeout,
                                  device=mx.cpu_pinned(self._pin_device_id) if self._pin_memory else None,
-                                 on_notice=None if self._decided else self._notices.append,
+                                 on_notice=self._choice.on_notice(self._num_workers > 0),
                                  name="gluon-DataLoader")
         with self._lock:
             self._loaders.append(loader)
@@ -381,7 +378,7 @@ class DataLoader(_gluon_data.DataLoader):
             self._busy.add(id(loader))
         cut = loader.batch_sampler.cut
         handed = cut.skip   # batches of the pass handed out, those before a loaded state too
-        rest = self._hand_over(loader, handed) if self._in_processes else None
+        rest = self._hand_over(loader, handed) if self._choice.processes else None
         try:
             while True:
                 try:
@@ -394,7 +391,7 @@ class DataLoader(_gluon_data.DataLoader):
                 handed += 1
                 if rest is not None:
                     self._process_pass.handed = handed
-                elif self._notices:
+                elif self._choice.notices:
                     rest = self._decide(loader, handed)
                 yield _to_nd(batch) if self._on_host else batch
             if rest is not None:   # the threads' part is over: Gluon's workers go on
@@ -414,16 +411,9 @@ class DataLoader(_gluon_data.DataLoader):
         pool loads the rest of the pass, and every later one, where it can
         run the dataset; the one warning says what and why. The rest's
         batches, or None (threads)."""
-        note = self._notices.pop()
-        self._notices.clear()
-        if self._decided:   # said once per DataLoader, whichever of its passes' Loaders noticed
+        if not self._choice.decide(lambda: why_not_processes(self._dataset, self._given_batchify),
+                                   lambda note, reason: say(note, self._num_workers, reason)):
             return None
-        self._decided = True
-        reason = why_not_processes(self._dataset, self._given_batchify)
-        say(note, self._num_workers, reason)
-        if reason is not None:
-            return None
-        self._in_processes = True
         return self._hand_over(loader, handed)
 
     def _hand_over(self, loader, handed):
@@ -435,7 +425,7 @@ class DataLoader(_gluon_data.DataLoader):
         if self._pool is None:
             self._pool = Pool(self._dataset, self._given_batchify, self._num_workers, self._pin_memory,
                               self._pin_device_id, self._prefetch, self._timeout)
-        self._process_pass = ProcessPass(loader, handed)
+        self._process_pass = ProcessEpoch(loader, handed)
         return self._pool.batches(sampler.cut.rest())
 
     def __len__(self):
@@ -451,7 +441,7 @@ class DataLoader(_gluon_data.DataLoader):
             number, self._epoch = self._epoch, self._epoch + 1
         loader.adopt_seed(self._seed)
         loader.set_epoch(number)   # a state loaded for this pass is kept
-        loader.batch_sampler.processes = self._in_processes   # the threads take none of it
+        loader.batch_sampler.processes = self._choice.processes   # the threads take none of it
         self._iter = (loader, iter(loader), number)
         self._latest = loader
 

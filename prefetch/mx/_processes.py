@@ -20,43 +20,8 @@ The hand-over is mid-pass: the batches the threads opened are finished by
 them and handed out first, while Gluon's workers start; nothing is loaded
 twice or skipped.
 """
-import dataclasses
-import itertools
-import threading
-
 from prefetch._framework import say_handover, start_method, unpicklable
 from prefetch.mx._mxnet import mx
-
-
-class Cut:
-    """A pass's index lists as the Loader's threads take them, until cut
-    (``rest()``): what is left is Gluon's worker pool's to load."""
-
-    def __init__(self, keys, done, skip):
-        self.keys = keys
-        self.lock = threading.Lock()   # a thread takes, or the consumer cuts
-        self.done = done               # a pass begun in processes: the threads take none
-        self.skip = skip               # batches handed out before a resumed state was saved
-        self.taken = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        with self.lock:
-            if self.done:
-                raise StopIteration
-            keys = next(self.keys)
-            self.taken += 1
-            return keys
-
-    def rest(self):
-        """The index lists no thread took (the threads take no more), past
-        those handed out before a resumed state was saved (the Loader's
-        threads read and drop them: those they did not take are dropped here)."""
-        with self.lock:
-            self.done = True
-            return itertools.islice(self.keys, max(0, self.skip - self.taken), None)
 
 
 def why_not_processes(dataset, batchify_fn):
@@ -99,23 +64,3 @@ class Pool:
             gluon._worker_pool = None   # Gluon's __del__ has nothing left to end
             pool.terminate()
             pool.join()
-
-
-class ProcessPass:
-    """A pass that Gluon's workers finish, as the DataLoader's state and stats
-    read it: the thread Loader's record of the pass (as it was cut) with
-    the batches handed out counted here."""
-
-    def __init__(self, source, handed):
-        self.source = source
-        self.state = source.state_dict()   # taken while the pass runs: this pass's
-        self.handed = handed               # batches of the pass handed out
-        self.finished = False
-
-    def state_dict(self):
-        if self.finished:
-            return self.source.state_dict()   # the next pass's start
-        return dict(self.state, batches=self.handed, out_of_order=[])
-
-    def stats(self):
-        return dataclasses.replace(self.source.stats(), consumed=self.handed, loading="processes")
