@@ -122,7 +122,7 @@ def register_collate(cls: type, as_numpy: Callable[[Any], Any], from_numpy: Call
     row of a pooled batch block, without the GIL. ``from_numpy(block)`` wraps
     that block, of shape ``(batch_size, *leaf.shape)``, as the framework's
     array without a copy, and keeps the block alive as long as it lives.
-    Called on loader threads, with the GIL held.
+    ``as_numpy`` runs on loader threads, ``from_numpy`` on the publisher thread (GIL held).
     """
     _check_hooks(cls, as_numpy=as_numpy, from_numpy=from_numpy)
     _core._register_collate(cls, (as_numpy, from_numpy))
