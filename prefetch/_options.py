@@ -118,7 +118,7 @@ def check_batch_size(value: Any, alone: bool = True) -> int:
 
 def check_num_workers(value: Any) -> None:
     """A drop-in DataLoader's ``num_workers`` (0: one thread), checked before
-    the framework's own checks, which compare it with 0 first (a string gave a
+    the framework's own checks, which compare it with 0 first (a string would give a
     bare ``TypeError``). A negative int is left to the framework, whose
     message its users search for."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -14,10 +14,10 @@ where the installed metadata is missing). The first time a batch holds an
 unregistered object from such a module, or ``device=`` is such an object, the
 adapter module is imported, and importing it registers its types.
 
-Threads: ``copy``, ``flatten``/``unflatten``, ``Delivery.deliver``,
-``Delivery.ready`` and a thread state's ``apply`` run on a prefetcher's fetch
-thread with the GIL held; ``open`` and a thread state's ``capture`` run in the
-``Prefetcher`` constructor; close hooks run in ``close()``.
+Threads, all with the GIL held: ``copy`` and ``flatten`` run on the thread that copies a batch (a
+Prefetcher's publisher thread, or a Loader's loader thread), ``unflatten``, ``Delivery.deliver`` and
+``.ready`` on the publisher thread, a thread state's ``apply`` on each of those; ``open`` and
+``capture`` in the ``Prefetcher`` or ``Loader`` constructor; close hooks in ``close()``.
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def register_collate(cls: type, as_numpy: Callable[[Any], Any], from_numpy: Call
     row of a pooled batch block, without the GIL. ``from_numpy(block)`` wraps
     that block, of shape ``(batch_size, *leaf.shape)``, as the framework's
     array without a copy, and keeps the block alive as long as it lives.
-    Called on loader threads, with the GIL held.
+    ``as_numpy`` runs on loader threads, ``from_numpy`` on the publisher thread (GIL held).
     """
     _check_hooks(cls, as_numpy=as_numpy, from_numpy=from_numpy)
     _core._register_collate(cls, (as_numpy, from_numpy))
@@ -150,8 +150,8 @@ _thread_states: list[Callable[[], Optional[Callable[[], None]]]] = []
 def register_thread_state(capture: Callable[[], Optional[Callable[[], None]]]) -> None:
     """Carry a framework's per-thread settings over to the publisher and loader threads.
 
-    ``capture()`` runs in every ``Prefetcher`` constructor, on the thread that
-    makes it, and returns None (nothing to carry) or ``apply``; the
+    ``capture()`` runs in every ``Prefetcher`` and ``Loader`` constructor, on the
+    thread that makes it, and returns None (nothing to carry) or ``apply``; the
     prefetcher's publisher thread (and each loader thread) calls ``apply()``
     before its first ``next(source)`` (or ``dataset[i]``), so the source runs, and its batches are copied, in the
     settings they would have without a prefetcher (e.g. modes a framework

@@ -314,12 +314,12 @@ class Loader(_Threaded, Generic[T]):
     Parameters
     ----------
     dataset : object with ``__getitem__`` and ``__len__``, or an iterable dataset
-        A list, a numpy array, a framework's map-style dataset... An
-        iterable dataset (``__iter__``, not both of those) is iterated by
-        each thread from a copy of its own, sharded by
-        ``prefetch.worker_info()``, batches in turn from the threads still
-        running; ``shuffle``, ``sampler`` and ``batch_sampler`` do not
-        apply, and ``workers="auto"`` is one thread.
+        A list, a numpy array, a framework's map-style dataset... An iterable
+        dataset (``__iter__``, not both of those; not a generator or another one-shot
+        iterator, which is refused) is iterated by each thread from a copy of its own,
+        sharded by ``prefetch.worker_info()``, batches in turn from the threads still
+        running; ``shuffle``, ``sampler`` and ``batch_sampler`` do not apply, and
+        ``workers="auto"`` is one thread.
     batch_size : int or None, default 1
         Samples per batch; None hands out every sample on its own (no collate).
     shuffle : bool, default False
