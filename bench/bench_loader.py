@@ -173,7 +173,7 @@ def _rows(ds, cfg):
         except ImportError as e:
             skipped["prefetch.torch.DataLoader"] = str(e)
     except ImportError:
-        skipped["torch rows"] = "torch is not installed (pip install 'prefetch-ring[torch]')"
+        skipped["torch rows"] = "torch is not installed (pip install 'torch>=2.13')"
     peers, missing = P.rows(ds, BATCH, collate)
     rows.update(peers)
     skipped.update(missing)
@@ -295,7 +295,7 @@ def run(cfg, say):
     try:
         import PIL  # noqa: F401
     except ImportError:
-        return {"tables": ["  (not measured: Pillow is not installed: pip install 'prefetch-ring[bench]')"],
+        return {"tables": ["  (not measured: Pillow is not installed: pip install Pillow)"],
                 "verdicts": [], "data": {}}
     n = cfg["batches"] * BATCH
     ds = Images(make_jpegs(cfg["images"]), n)

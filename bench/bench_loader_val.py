@@ -56,7 +56,7 @@ def run(cfg, say):
         import PIL  # noqa: F401
     except ImportError:
         return {"tables": [], "verdicts": [], "data": {},
-                "skipped": "Pillow is not installed (pip install 'prefetch-ring[bench]')"}
+                "skipped": "Pillow is not installed (pip install Pillow)"}
     import prefetch
     jpegs = L.make_jpegs(64)
     train = L.Images(jpegs, cfg["batches"] * L.BATCH)

@@ -1,6 +1,6 @@
 """The one guarded import of PyTorch for the adapter: an ImportError that says
 what to install, instead of whatever a missing or broken torch raises."""
-_INSTALL = "pip install 'prefetch-ring[torch]' (torch 2.13 or newer; for the CPU build install torch from PyTorch's CPU index first)"
+_INSTALL = "pip install 'torch>=2.13' (for the CPU build: --index-url https://download.pytorch.org/whl/cpu)"
 
 try:
     import torch

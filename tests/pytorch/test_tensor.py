@@ -390,4 +390,4 @@ def test_prefetch_torch_without_torch_says_what_to_install():
         "    import prefetch.torch\n"
         "except ImportError as exc:\n"
         "    print(exc)\n")
-    assert "pip install 'prefetch-ring[torch]'" in out
+    assert "pip install 'torch>=2.13'" in out
