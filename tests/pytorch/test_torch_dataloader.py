@@ -295,6 +295,70 @@ def test_worker_rng_is_per_thread_and_seeded_with_the_workers_seed():
         assert n.tolist() == np.random.default_rng([worker_id, base_seed]).integers(1 << 30, size=3).tolist()
 
 
+class BothAnswers(Dataset):
+    """Item i: torch's get_worker_info() and prefetch's worker_info() on the thread loading it."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return get_worker_info(), prefetch.worker_info()
+
+
+class BothAnswersStream(IterableDataset):
+    def __iter__(self):
+        ours, own = get_worker_info(), prefetch.worker_info()
+        for i in range(ours.id, 12, ours.num_workers):
+            yield ours, own, get_worker_info(), prefetch.worker_info()
+
+
+def _torchs_answer_is_prefetchs(ours, own):
+    """torch's WorkerInfo of a drop-in thread is prefetch's own, in torch's
+    words: the loader's seed is torch's base_seed, each worker's seed its own."""
+    assert own is not None and ours is not None
+    assert (ours.id, ours.num_workers, ours.seed) == (own.id, own.num_workers, own.seed + own.id)
+    assert ours.worker_method == "thread"
+
+
+def test_torchs_worker_info_in_a_thread_is_read_from_prefetchs():
+    """SPEC §9: one worker query: torch's get_worker_info() in a drop-in thread
+    answers what prefetch.worker_info() says there (a map-style thread's
+    dataset is its own copy, which prefetch's query does not hold)."""
+    ds = BothAnswers()
+    g = torch.Generator().manual_seed(3)
+    samples = [s for batch in DataLoader(ds, batch_size=3, num_workers=3, generator=g, collate_fn=list)
+               for s in batch]
+    assert {own.id for _, own in samples} <= {0, 1, 2}   # a thread may start after the others loaded all
+    base_seed = torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(3)).item()
+    for ours, own in samples:
+        _torchs_answer_is_prefetchs(ours, own)
+        assert own.seed == base_seed and own.dataset is None and ours.dataset is not ds
+        assert type(ours.dataset) is BothAnswers
+    copies = {own.id: ours.dataset for ours, own in samples}
+    assert all(ours.dataset is copies[own.id] for ours, own in samples)
+    assert len({id(copy) for copy in copies.values()}) == len(copies)   # a copy per thread
+
+
+def test_torchs_worker_info_of_a_stream_is_prefetchs_with_its_dataset():
+    """A stream's worker: torch's dataset is prefetch's worker_info().dataset
+    (the copy that worker iterates), at its first read and at every sample."""
+    ds = BothAnswersStream()
+    rows = list(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda x: x))
+    assert len(rows) == 12 and {own.id for _, own, _, _ in rows} == {0, 1}
+    for first, first_own, ours, own in rows:
+        for torchs, prefetchs in ((first, first_own), (ours, own)):
+            _torchs_answer_is_prefetchs(torchs, prefetchs)
+            assert torchs.dataset is prefetchs.dataset and type(torchs.dataset) is BothAnswersStream
+            assert torchs.dataset is not ds
+
+
+def test_torchs_worker_info_is_none_in_prefetchs_own_loader_threads():
+    """Outside a drop-in, torch's answer is torch's own: a prefetch.Loader's
+    thread is no torch worker, though prefetch's query answers there."""
+    got = list(prefetch.Loader(BothAnswers(), batch_size=4, workers=2, collate=list))
+    assert all(ours is None and own is not None for batch in got for ours, own in batch)
+
+
 def test_persistent_workers_keep_threads_and_init_once():
     inits = []
     with DataLoader(WhoLoads(), batch_size=4, num_workers=2, persistent_workers=True,
