@@ -6,9 +6,7 @@ with the samples, batches, order and batchify_fn Gluon gives; a dataset that
 pool cannot run stays on threads; closing a switched loader leaves no
 process. The gauge's meter is scripted (threads waiting for the GIL), so the
 verdict is the test's whatever else the machine runs."""
-import multiprocessing
 import os
-import threading
 import warnings
 
 import numpy as np
@@ -16,63 +14,36 @@ import pytest
 
 mx = pytest.importorskip("mxnet")   # the mxnet environment's (tests/run.sh)
 
-import prefetch._core as core  # noqa: E402
 from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.mx import DataLoader  # noqa: E402
-from support import ScriptedMeter  # noqa: E402
+from support import CountedLoads, NewChildren, script_gil_bound  # noqa: E402
 
-GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # busy, cpu, runq, others per second (tests/core/test_loader_gil.py)
 N = 322   # not a multiple of the batch size: last_batch decides the last batch
 MAIN = os.getpid()
 
 
-class Counted(mx.gluon.data.Dataset):
-    """dataset[i] -> (i, pid); counts its calls per index in memory the
-    forked workers share (each index loaded exactly once?)."""
+class Counted(CountedLoads, mx.gluon.data.Dataset):
+    """dataset[i] -> (i, pid); its loads counted per index."""
 
     def __init__(self, n=N):
-        self.calls = multiprocessing.get_context("fork").Array("i", n)
-        self.n = n
-
-    def __len__(self):
-        return self.n
+        super().__init__(n)
 
     def __getitem__(self, i):
-        with self.calls.get_lock():
-            self.calls[i] += 1
-        threading.Event().wait(0.002)   # both threads inside it about all the time
+        self.loaded(i)
         return np.array([i, os.getpid()], dtype="int64")
 
 
 @pytest.fixture
 def gil_bound(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
+    script_gil_bound(monkeypatch)
 
 
-def all_children():
-    """This process's children, zombies too (Linux's /proc: no psutil in this environment)."""
-    pids = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            pids.update(int(p) for p in f.read().split())
-    return pids
-
-
-_earlier: set = set()
+children = NewChildren()   # the child processes this test started (Gluon's pool) still there
 
 
 @pytest.fixture(autouse=True)
 def earlier_children():
-    """Processes an earlier test left for the session (multiprocessing's
-    resource tracker lives as long as its parent) are not this test's."""
-    _earlier.clear()
-    _earlier.update(all_children())
-
-
-def children():
-    """The child processes this test started (Gluon's pool) still there."""
-    return sorted(all_children() - _earlier)
+    children.mark()
 
 
 def run(dl, passes=1):

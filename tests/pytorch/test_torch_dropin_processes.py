@@ -6,8 +6,8 @@ order, seeds and state torch gives; a dataset those processes cannot run
 stays on threads; closing or dropping a switched loader leaves no process.
 The gauge's meter is scripted (threads waiting for the GIL), so the verdict
 is the test's whatever else the machine runs."""
+import contextlib
 import gc
-import multiprocessing
 import os
 import threading
 import warnings
@@ -20,55 +20,37 @@ psutil = pytest.importorskip("psutil")
 
 import torch  # noqa: E402
 
-import prefetch._core as core  # noqa: E402
 from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
-from support import ScriptedMeter  # noqa: E402
+from support import CountedLoads, NewChildren, script_gil_bound  # noqa: E402
 
-GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # busy, cpu, runq, others per second (tests/core/test_loader_gil.py)
 N = 320
 MAIN = os.getpid()
 
 
-class Counted(torch.utils.data.Dataset):
-    """dataset[i] -> (i, pid, base seed); counts its calls per index in
-    memory the forked workers share (each index loaded exactly once?)."""
+class Counted(CountedLoads, torch.utils.data.Dataset):
+    """dataset[i] -> (i, pid, base seed); its loads counted per index."""
 
     def __init__(self, n=N):
-        self.calls = multiprocessing.get_context("fork").Array("i", n)
-        self.n = n
-
-    def __len__(self):
-        return self.n
+        super().__init__(n)
 
     def __getitem__(self, i):
-        with self.calls.get_lock():
-            self.calls[i] += 1
-        threading.Event().wait(0.002)   # both threads inside it about all the time
+        self.loaded(i)
         info = torch.utils.data.get_worker_info()
         return np.array([i, os.getpid(), info.seed - info.id])
 
 
 @pytest.fixture
 def gil_bound(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
+    script_gil_bound(monkeypatch)
 
 
-_earlier: set[int] = set()
+children = NewChildren()   # the child processes this test started (torch's workers) still there
 
 
 @pytest.fixture(autouse=True)
 def earlier_children():
-    """Processes an earlier test left for the session (multiprocessing's
-    resource tracker lives as long as its parent) are not this test's."""
-    _earlier.clear()
-    _earlier.update(p.pid for p in psutil.Process().children(recursive=True))
-
-
-def children():
-    """The child processes this test started (torch's workers) still there."""
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in _earlier]
+    children.mark()
 
 
 def run(dl, epochs=1):
@@ -215,6 +197,7 @@ def test_a_switched_loader_closed_or_dropped_mid_epoch_leaves_no_process(gil_bou
     else:
         del it, batch   # torch's iterators have no close(): dropped, it ends its workers
         gc.collect()
-    for p in children():
-        p.wait(timeout=30)
+    for pid in children():
+        with contextlib.suppress(psutil.NoSuchProcess):   # gone already
+            psutil.Process(pid).wait(timeout=30)
     assert children() == []
