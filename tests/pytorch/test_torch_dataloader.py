@@ -29,7 +29,10 @@ from prefetch.torch import DataLoader, get_worker_info  # noqa: E402
 from support import (  # noqa: E402
     RaisingDataset,
     SharedDataset,
+    Sized,
     UnpicklableDataset,
+    a_generator,
+    assert_refused_and_usable,
     assert_same,
     free_the_frames,
 )
@@ -702,28 +705,13 @@ def test_stats_are_the_loaders_counters_of_the_epoch_begun_last(iterable):
 
 # -- a new user's mistakes at the constructor (as MISTAKES in tests/core/test_messages.py) --
 
-class SizedAs(Dataset):
+class SizedAs(Sized, Dataset):
     """A map-style dataset whose ``__len__`` returns ``n`` as given; counts its loads."""
-
-    def __init__(self, n=4):
-        self.n = n
-        self.loaded = 0
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        self.loaded += 1
-        return i
-
-
-def _stream():
-    yield from range(4)
 
 
 # (what the user wrote, the call on a SizedAs() dataset, exception, what the message must say)
 MISTAKES = [
-    ("DataLoader(generator)", lambda ds: DataLoader(_stream()), TypeError,
+    ("DataLoader(generator)", lambda ds: DataLoader(a_generator()), TypeError,
      ["dataset must have __getitem__ and __len__", "(generator)", "torch.utils.data.IterableDataset"]),
     ("__len__ returns -1", lambda ds: DataLoader(SizedAs(-1)), ValueError,
      ["len(dataset) must be an int >= 0", "SizedAs.__len__ returned -1"]),
@@ -740,14 +728,7 @@ MISTAKES = [
 def test_a_constructor_mistake_is_refused_there_naming_it_and_the_fix(call, exc, says):
     """At the constructor, not at iter() through the drop-in's frames; before
     a thread starts or a sample loads; the dataset stays usable."""
-    ds = SizedAs()
-    before = threading.active_count()
-    with pytest.raises(exc) as info:
-        call(ds)
-    assert all(part in str(info.value) for part in says), str(info.value)
-    assert threading.active_count() == before and ds.loaded == 0
-    with DataLoader(ds, batch_size=2, num_workers=2) as loader:
-        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert_refused_and_usable(call, exc, says, SizedAs(), lambda ds: DataLoader(ds, batch_size=2, num_workers=2))
 
 
 @pytest.mark.timeout(60)
