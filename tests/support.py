@@ -363,17 +363,7 @@ class ScriptedMeter:
         return self.verdict
 
 
-GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # busy, cpu, runq, others per second (tests/core/test_loader_gil.py)
-
-
-def script_gil_bound(monkeypatch):
-    """Loaders made after it measure a GIL-bound dataset[i] on 2 CPUs: the
-    GIL gauge's meter scripted, so the verdict is the test's whatever else
-    the machine runs."""
-    import prefetch._core as core
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
+GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # ScriptedMeter's figures of a GIL-bound dataset[i] (tests/core/test_loader_gil.py)
 
 
 class CountedLoads:

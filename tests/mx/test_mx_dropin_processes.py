@@ -16,7 +16,7 @@ mx = pytest.importorskip("mxnet")   # the mxnet environment's (tests/run.sh)
 
 from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.mx import DataLoader  # noqa: E402
-from support import CountedLoads, NewChildren, script_gil_bound  # noqa: E402
+from support import CountedLoads, NewChildren  # noqa: E402
 
 N = 322   # not a multiple of the batch size: last_batch decides the last batch
 MAIN = os.getpid()
@@ -31,11 +31,6 @@ class Counted(CountedLoads, mx.gluon.data.Dataset):
     def __getitem__(self, i):
         self.loaded(i)
         return np.array([i, os.getpid()], dtype="int64")
-
-
-@pytest.fixture
-def gil_bound(monkeypatch):
-    script_gil_bound(monkeypatch)
 
 
 children = NewChildren()   # the child processes this test started (Gluon's pool) still there

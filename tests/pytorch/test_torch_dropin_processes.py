@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
-from support import CountedLoads, NewChildren, script_gil_bound  # noqa: E402
+from support import CountedLoads, NewChildren  # noqa: E402
 
 N = 320
 MAIN = os.getpid()
@@ -38,11 +38,6 @@ class Counted(CountedLoads, torch.utils.data.Dataset):
         self.loaded(i)
         info = torch.utils.data.get_worker_info()
         return np.array([i, os.getpid(), info.seed - info.id])
-
-
-@pytest.fixture
-def gil_bound(monkeypatch):
-    script_gil_bound(monkeypatch)
 
 
 children = NewChildren()   # the child processes this test started (torch's workers) still there
