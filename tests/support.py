@@ -385,6 +385,102 @@ class CountedLoads:
         threading.Event().wait(0.002)   # both threads inside dataset[i] about all the time
 
 
+class HeldLoads(CountedLoads):
+    """CountedLoads whose last sample (``hold``), loaded in a worker process
+    (not the process that made it), waits there, having said so (``held``),
+    until ``release`` (60 s at most: that bounds a failure only)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        ctx = multiprocessing.get_context("fork")
+        self.parent, self.hold = os.getpid(), n - 1
+        self.held, self.release = ctx.Event(), ctx.Event()
+
+    def loaded(self, i):
+        if i == self.hold and os.getpid() != self.parent:
+            self.held.set()
+            self.release.wait(60)
+        super().loaded(i)
+
+
+def _blocks_in_a_wait(thread, timeout):
+    """Whether ``thread`` comes to sleep in a wait for data (a condition's
+    or a selector's) within ``timeout`` s. A signal sent before the wait
+    begins can be taken as it begins and not wake it (CPython checks for
+    signals between bytecodes, and not again until the wait returns); sent
+    to a thread asleep in it, it interrupts it at once. Read from the
+    thread's Python frame (the wait function on top: this thread holds the
+    GIL, so that one has let it go, to sleep in it) and the kernel's state
+    of the thread (asleep)."""
+    deadline = time.monotonic() + timeout
+    stat = f"/proc/self/task/{thread.native_id}/stat"
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident)
+        if frame is not None and frame.f_code.co_name in ("wait", "select"):
+            with open(stat) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                    return True
+        time.sleep(0.001)   # a poll of what the thread is doing, not a guess at when
+    return False
+
+
+def take_with_ctrl_c(it, dataset, batch_size, rows, go_on=True):
+    """Batches of ``it`` (each as ``rows(batch)``), with one Ctrl-C (SIGINT
+    to the main thread, sent from a thread of its own) once the consumer
+    waits in next() for the batch of ``dataset``'s held sample (a
+    HeldLoads; ``batch_size`` samples a batch, in order), which is then
+    released. To the end of ``it``, or, without ``go_on``, to the Ctrl-C.
+    Returns (the batches, how many came before the Ctrl-C, or None where
+    none reached the consumer).
+
+    The held sample is of the last batch: while the consumer waits for an
+    earlier one, torch's main process takes the later batches off its
+    queue, and a Ctrl-C that lands as it unpickles one loses that batch
+    (torch's own DataLoader too), so its next() waits for it forever."""
+    waiting_for = [0]
+    changed = threading.Condition()
+
+    def ctrl_c():
+        if not dataset.held.wait(60):
+            return   # nothing held: no Ctrl-C, and the caller's assertion says so
+        target = dataset.hold // batch_size
+        with changed:
+            if not changed.wait_for(lambda: waiting_for[0] == target, 60):
+                dataset.release.set()   # the consumer never waited for it: nothing to interrupt
+                return
+        if not _blocks_in_a_wait(threading.main_thread(), 60):
+            dataset.release.set()
+            return
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    thread = threading.Thread(target=ctrl_c, name="ctrl-c", daemon=True)
+    thread.start()
+    got, before = [], None
+    try:
+        while True:
+            try:   # the Ctrl-C may come as soon as the consumer says what it waits for
+                with changed:
+                    waiting_for[0] = len(got)
+                    changed.notify()
+                batch = next(it)
+            except StopIteration:
+                break
+            except KeyboardInterrupt:
+                assert before is None, "a second Ctrl-C"
+                before = len(got)
+                if not go_on:
+                    break
+                dataset.release.set()
+                continue
+            got.append(rows(batch))
+    finally:
+        with changed:
+            waiting_for[0] = -1   # the consumer waits for nothing more
+            changed.notify()
+        thread.join(120)
+    return got, before
+
+
 def _child_pids():
     """This process's children, zombies too (Linux's /proc: psutil is not in every environment)."""
     pids = set()

@@ -14,9 +14,9 @@ import pytest
 
 mx = pytest.importorskip("mxnet")   # the mxnet environment's (tests/run.sh)
 
-from prefetch import GILBoundWarning  # noqa: E402
+from prefetch import ClosedError, GILBoundWarning  # noqa: E402
 from prefetch.mx import DataLoader  # noqa: E402
-from support import CountedLoads, NewChildren  # noqa: E402
+from support import CountedLoads, HeldLoads, NewChildren, take_with_ctrl_c  # noqa: E402
 
 N = 322   # not a multiple of the batch size: last_batch decides the last batch
 MAIN = os.getpid()
@@ -182,3 +182,46 @@ def test_a_state_taken_in_processes_resumes_with_the_batches_not_handed_out(gil_
     assert (flat(again)[:, 1] != MAIN).all()
     dl.close()
     fresh.close()
+
+
+# -- Ctrl-C while Gluon's pool loads (SPEC §4: as on threads) ------------------------
+
+class Held(Counted, HeldLoads):
+    """Counted; its last sample, loaded in a worker process, held there until released."""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_waiting_for_gluons_pool_ends_the_pass_as_on_threads(gil_bound):
+    """The KeyboardInterrupt reaches the consumer waiting for a batch Gluon's
+    pool loads and ends the pass there, as on threads (a pass is a
+    generator); the next pass loads every sample in the pool; close()
+    leaves no process."""
+    ds = Held()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        got, before = take_with_ctrl_c(iter(dl), ds, 4, lambda b: b.asnumpy())
+        assert before == len(got) == ds.hold // 4   # interrupted waiting for the held batch
+        assert flat(got)[:, 0].tolist() == list(range(before * 4))
+        (again,), _ = run(dl)
+    assert flat(again)[:, 0].tolist() == list(range(N)) and (flat(again)[:, 1] != MAIN).all()
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_then_close_while_a_worker_is_inside_the_dataset_leaves_no_process(gil_bound):
+    """A program stopped by Ctrl-C closes its loader (a ``with`` block's
+    exit) while a pool process is still inside dataset[i]: close()
+    returns, no process is left, and the loader says it is closed."""
+    ds = Held()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        _, before = take_with_ctrl_c(iter(dl), ds, 4, lambda b: b.asnumpy(), go_on=False)
+    assert before == ds.hold // 4
+    assert children() != []
+    dl.close()   # Gluon's pool terminated and joined, its held worker too
+    assert children() == []
+    with pytest.raises(ClosedError):
+        next(iter(dl))

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
-from support import CountedLoads, NewChildren  # noqa: E402
+from support import CountedLoads, HeldLoads, NewChildren, take_with_ctrl_c  # noqa: E402
 
 N = 320
 MAIN = os.getpid()
@@ -192,6 +192,54 @@ def test_a_switched_loader_closed_or_dropped_mid_epoch_leaves_no_process(gil_bou
     else:
         del it, batch   # torch's iterators have no close(): dropped, it ends its workers
         gc.collect()
+    for pid in children():
+        with contextlib.suppress(psutil.NoSuchProcess):   # gone already
+            psutil.Process(pid).wait(timeout=30)
+    assert children() == []
+
+
+# -- Ctrl-C while torch's workers load (SPEC §4: as on threads) ----------------------
+
+class Held(Counted, HeldLoads):
+    """Counted; its last sample, loaded in a worker process, held there until released."""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_waiting_for_torchs_workers_goes_on_with_that_batch_as_on_threads(gil_bound):
+    """The KeyboardInterrupt reaches the consumer waiting for a batch torch's
+    workers load; the next next() gives that batch and the epoch runs to its
+    end, each sample once; a later epoch loads; close() leaves no process."""
+    ds = Held()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        got, before = take_with_ctrl_c(iter(dl), ds, 4, lambda b: b.numpy())
+        got = np.concatenate(got)
+        assert before == ds.hold // 4   # interrupted waiting for the held batch
+        assert got[before * 4, 1] != MAIN        # a batch of torch's workers
+        assert got[:, 0].tolist() == list(range(N)) and list(ds.calls) == [1] * N
+        (again,), _ = run(dl)
+    assert again[:, 0].tolist() == list(range(N)) and (again[:, 1] != MAIN).all()
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_then_close_while_a_worker_is_inside_the_dataset_leaves_no_process(gil_bound):
+    """A program stopped by Ctrl-C closes its loader (a ``with`` block's
+    exit) while a worker process is still inside dataset[i]: close()
+    returns (torch's shutdown ends that worker), next() says closed."""
+    ds = Held()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    it = iter(dl)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        _, before = take_with_ctrl_c(it, ds, 4, lambda b: b.numpy(), go_on=False)
+    assert before == ds.hold // 4
+    assert children() != []
+    dl.close()
+    with pytest.raises(Exception, match="closed"):
+        next(it)
     for pid in children():
         with contextlib.suppress(psutil.NoSuchProcess):   # gone already
             psutil.Process(pid).wait(timeout=30)
