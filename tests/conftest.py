@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from support import Rand
+from support import GIL_BOUND, Rand, ScriptedMeter
 
 faulthandler.enable()
 
@@ -49,6 +49,17 @@ def no_leaks():
     assert not leaked, f"threads left running: {leaked}"
     gc.collect()
     assert _live_counts() == counts_before
+
+
+@pytest.fixture
+def gil_bound(monkeypatch):
+    """Loaders made in the test measure a GIL-bound dataset[i] on 2 CPUs: the
+    GIL gauge's meter is scripted, so the verdict is the test's whatever
+    else the machine runs."""
+    import prefetch._core as core
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
 
 
 @pytest.fixture

@@ -1,5 +1,8 @@
 """Helpers shared by the test folders: sources that misbehave the way real
-loaders do, a seeded Random, and a fresh-interpreter runner."""
+loaders do, a seeded Random, and a fresh-interpreter runner. It imports no
+framework (the core's environment has none) and prefetch only where a helper
+is called."""
+import multiprocessing
 import os
 import random
 import re
@@ -12,6 +15,7 @@ import time
 import weakref
 
 import numpy as np
+import pytest
 
 
 class RefillingSource:
@@ -125,6 +129,107 @@ class UnpicklableDataset:
             byte = self.file.read(1)
             next(self.counter)
         return byte[0]
+
+
+class Sized:
+    """A map-style dataset whose ``__len__`` returns ``n`` as given (a new
+    user's mistake where it is no int >= 0); it counts the samples loaded."""
+
+    def __init__(self, n=4):
+        self.n = n
+        self.loaded = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.loaded += 1
+        return i
+
+
+def a_generator():
+    """A generator passed as a dataset (a new user's mistake)."""
+    yield from range(4)
+
+
+def assert_refused_and_usable(call, exc, says, ds, load):
+    """``call(ds)`` raises ``exc`` saying each of ``says``, at the call: before
+    a thread starts or a sample of the 4-sample ``ds`` loads; then ``ds`` is
+    still usable: ``load(ds)``, a loader of batch size 2, gives its 2 batches."""
+    before = threading.active_count()
+    with pytest.raises(exc) as info:
+        call(ds)
+    message = str(info.value)
+    assert all(part in message for part in says), message
+    assert threading.active_count() == before and ds.loaded == 0
+    with load(ds) as loader:
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+class CountingIterator:
+    """An iterator over ``samples`` with its own state (torchdata's Stateful
+    protocol): how many it has given."""
+
+    def __init__(self, samples):
+        self.samples, self.i = list(samples), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= len(self.samples):
+            raise StopIteration
+        self.i += 1
+        return self.samples[self.i - 1]
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+
+
+def worker_span(sizes, worker):
+    """Worker ``worker`` = (id, count)'s range of a stream split into
+    ``sizes``; a lone worker reads all of it."""
+    w, n = worker
+    if n == 1:
+        return range(sum(sizes))
+    start = sum(sizes[:w])
+    return range(start, start + sizes[w])
+
+
+def prefetch_worker():
+    """(id, count) of the prefetch loader thread calling, by prefetch's own
+    worker query; (0, 1) elsewhere."""
+    import prefetch
+
+    info = prefetch.worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+def torch_worker():
+    """The same by torch's ``get_worker_info()`` (as a torch user shards a stream)."""
+    import torch
+
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class ShardedStream:
+    """An iterable dataset whose worker w reads its own span of ``sizes``,
+    through a stateful iterator (``stateful``) or a plain one; ``worker``:
+    the query that says which worker calls (a framework's tests subclass it
+    with their framework's iterable dataset and its query)."""
+
+    worker = staticmethod(prefetch_worker)
+
+    def __init__(self, sizes, stateful=True):
+        self.sizes, self.stateful = sizes, stateful
+
+    def __iter__(self):
+        span = worker_span(self.sizes, self.worker())
+        return CountingIterator(span) if self.stateful else iter(span)
 
 
 class SharedDataset:
@@ -256,6 +361,165 @@ class ScriptedMeter:
         assert threading.current_thread() is not threading.main_thread()   # the publisher probes
         self.probes += 1
         return self.verdict
+
+
+GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # ScriptedMeter's figures of a GIL-bound dataset[i] (tests/core/test_loader_gil.py)
+
+
+class CountedLoads:
+    """A dataset of ``n`` samples that counts its loads per index in memory
+    forked workers share (each index loaded exactly once?); a framework's
+    tests subclass it with their Dataset, and their ``__getitem__`` calls
+    ``loaded(i)``."""
+
+    def __init__(self, n):
+        self.calls = multiprocessing.get_context("fork").Array("i", n)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def loaded(self, i):
+        with self.calls.get_lock():
+            self.calls[i] += 1
+        threading.Event().wait(0.002)   # both threads inside dataset[i] about all the time
+
+
+class HeldLoads(CountedLoads):
+    """CountedLoads whose last sample (``hold``), loaded in a worker process
+    (not the process that made it), waits there, having said so (``held``),
+    until ``release`` (60 s at most: that bounds a failure only)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        ctx = multiprocessing.get_context("fork")
+        self.parent, self.hold = os.getpid(), n - 1
+        self.held, self.release = ctx.Event(), ctx.Event()
+
+    def loaded(self, i):
+        if i == self.hold and os.getpid() != self.parent:
+            self.held.set()
+            self.release.wait(60)
+        super().loaded(i)
+
+
+def _blocks_in_a_wait(thread, timeout):
+    """Whether ``thread`` comes to sleep in a wait for data (a condition's
+    or a selector's) within ``timeout`` s. A signal sent before the wait
+    begins can be taken as it begins and not wake it (CPython checks for
+    signals between bytecodes, and not again until the wait returns); sent
+    to a thread asleep in it, it interrupts it at once. Read from the
+    thread's Python frame (the wait function on top: this thread holds the
+    GIL, so that one has let it go, to sleep in it) and the kernel's state
+    of the thread (asleep)."""
+    deadline = time.monotonic() + timeout
+    stat = f"/proc/self/task/{thread.native_id}/stat"
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident)
+        if frame is not None and frame.f_code.co_name in ("wait", "select"):
+            with open(stat) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                    return True
+        time.sleep(0.001)   # a poll of what the thread is doing, not a guess at when
+    return False
+
+
+def take_with_ctrl_c(it, dataset, batch_size, rows, go_on=True):
+    """Batches of ``it`` (each as ``rows(batch)``), with one Ctrl-C (SIGINT
+    to the main thread, sent from a thread of its own) once the consumer
+    waits in next() for the batch of ``dataset``'s held sample (a
+    HeldLoads; ``batch_size`` samples a batch, in order), which is then
+    released. To the end of ``it``, or, without ``go_on``, to the Ctrl-C.
+    Returns (the batches, how many came before the Ctrl-C, or None where
+    none reached the consumer).
+
+    The held sample is of the last batch: while the consumer waits for an
+    earlier one, torch's main process takes the later batches off its
+    queue, and a Ctrl-C that lands as it unpickles one loses that batch
+    (torch's own DataLoader too), so its next() waits for it forever."""
+    waiting_for = [0]
+    changed = threading.Condition()
+
+    def ctrl_c():
+        if not dataset.held.wait(60):
+            return   # nothing held: no Ctrl-C, and the caller's assertion says so
+        target = dataset.hold // batch_size
+        with changed:
+            if not changed.wait_for(lambda: waiting_for[0] == target, 60):
+                dataset.release.set()   # the consumer never waited for it: nothing to interrupt
+                return
+        if not _blocks_in_a_wait(threading.main_thread(), 60):
+            dataset.release.set()
+            return
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    thread = threading.Thread(target=ctrl_c, name="ctrl-c", daemon=True)
+    thread.start()
+    got, before = [], None
+    try:
+        while True:
+            try:   # the Ctrl-C may come as soon as the consumer says what it waits for
+                with changed:
+                    waiting_for[0] = len(got)
+                    changed.notify()
+                batch = next(it)
+            except StopIteration:
+                break
+            except KeyboardInterrupt:
+                assert before is None, "a second Ctrl-C"
+                before = len(got)
+                if not go_on:
+                    break
+                dataset.release.set()
+                continue
+            got.append(rows(batch))
+    finally:
+        with changed:
+            waiting_for[0] = -1   # the consumer waits for nothing more
+            changed.notify()
+        thread.join(120)
+    return got, before
+
+
+def _child_pids():
+    """This process's children, zombies too (Linux's /proc: psutil is not in every environment)."""
+    pids = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            pids.update(int(p) for p in f.read().split())
+    return pids
+
+
+class NewChildren:
+    """Called, the pids of this process's children started since ``mark()``:
+    a test's own (a framework's workers), not those an earlier test left for
+    the session (multiprocessing's resource tracker lives as long as its parent)."""
+
+    def __init__(self):
+        self.earlier = set()
+
+    def mark(self):
+        self.earlier = _child_pids()
+
+    def __call__(self):
+        return sorted(_child_pids() - self.earlier)
+
+
+def count_state_checks(monkeypatch, module):
+    """The owners named by each check of a resume state from now on
+    (``prefetch._resume.check_state``, also under its name in ``module``)."""
+    import prefetch._resume
+
+    calls = []
+    check = prefetch._resume.check_state
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("owner"))
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(prefetch._resume, "check_state", counted)
+    monkeypatch.setattr(module, "check_state", counted)
+    return calls
 
 
 def readme_examples(framework=None):

@@ -538,7 +538,7 @@ class _ThreadIter:
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
             batching = dict(batch_sampler=self._batches, collate=collate if auto else _OneSample(collate))
-        init = InitThread(loader.num_workers, base_seed, loader.dataset, loader.worker_init_fn)
+        init = InitThread(loader.num_workers, loader.worker_init_fn)
         # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
         # A batch's error is that batch's; the epoch goes on (torch's does).
         # Pinned on the publisher thread, as on torch's pin-memory thread;

@@ -1,7 +1,8 @@
 """A loader thread as torch's worker: its ``WorkerInfo`` and its copy of the dataset.
 
 ``get_worker_info()`` gives a loader thread what
-``torch.utils.data.get_worker_info()`` gives a worker process. For a
+``torch.utils.data.get_worker_info()`` gives a worker process, read from
+prefetch's own ``worker_info()`` of the thread. For a
 map-style dataset ``thread_replica``, for an IterableDataset ``stream_replica``
 (the Loader's per_thread), then ``InitThread`` (its worker_init), run on each
 loader thread as it starts.
@@ -21,7 +22,10 @@ from prefetch._framework import worker_info as prefetch_worker_info
 from prefetch.torch._bindings import module_bindings
 from prefetch.torch._torch import torch
 
-_local = threading.local()   # .info on the threads of our loaders (None when num_workers=0); .replica
+# A drop-in's loader thread (num_workers > 0) keeps here what prefetch's own
+# worker_info() does not hold: .rng, torch's generators of the thread; .replica,
+# a map-style dataset's copy (a stream's is prefetch's worker_info().dataset).
+_local = threading.local()
 DATASETS = (torch.utils.data.Dataset,)   # what a worker's copy of the dataset copies inside it
 
 
@@ -48,15 +52,18 @@ def get_worker_info() -> WorkerInfo | None:
     function kept before that import elsewhere than in a module's namespace
     (an object's attribute, a closure).
     """
-    try:
-        info = _local.info
-    except AttributeError:
+    own = prefetch_worker_info()
+    rng = getattr(_local, "rng", None)
+    if own is None or rng is None:   # not a drop-in's loader thread, or num_workers=0
         return _torch_get_worker_info()
     # torch's default_collate asks it to stack into shared memory, for the
     # pipe back from a worker process: a thread's batch needs none.
-    if info is not None and sys._getframe(1).f_globals.get("__name__") == _COLLATE:
+    if sys._getframe(1).f_globals.get("__name__") == _COLLATE:
         return None
-    return info  # type: ignore[no-any-return]
+    # prefetch's answer in torch's words: the loader's seed is torch's base_seed.
+    dataset = own.dataset if own.dataset is not None else _local.replica
+    return WorkerInfo(id=own.id, num_workers=own.num_workers, seed=own.seed + own.id, dataset=dataset,
+                      rng=rng, worker_method="thread")
 
 
 _COLLATE = "torch.utils.data._utils.collate"
@@ -79,14 +86,6 @@ def _answer_in_threads() -> None:
 
 
 _answer_in_threads()
-
-
-def worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> WorkerInfo | None:
-    if num_workers == 0:
-        return None
-    seed = base_seed + worker_id   # torch's per-worker seed
-    return WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset,
-                      rng=_ThreadRNG(worker_id, base_seed), worker_method="thread")
 
 
 class _ThreadRNG(_RNG):
@@ -142,21 +141,19 @@ def stream_replica(dataset: Any, worker_id: int) -> Any:
 
 
 class InitThread:
-    """A Loader's worker_init: torch's WorkerInfo for the thread, then the
-    user's ``worker_init_fn(worker_id)`` (not called when num_workers=0, as in
-    torch)."""
+    """A Loader's worker_init: torch's generators for the thread (what makes
+    ``get_worker_info()`` answer there), then the user's
+    ``worker_init_fn(worker_id)``; neither when num_workers=0 (torch loads in
+    its main process then)."""
 
-    def __init__(self, num_workers: int, base_seed: int, dataset: Any, worker_init_fn: Any) -> None:
+    def __init__(self, num_workers: int, worker_init_fn: Any) -> None:
         self.num_workers = num_workers
-        self.base_seed = base_seed
-        self.dataset = dataset
         self.worker_init_fn = worker_init_fn
 
     def __call__(self, worker_id: int) -> None:
-        dataset = getattr(_local, "replica", None)   # a map-style worker's copy
-        if dataset is None:
-            own = prefetch_worker_info()   # a stream's worker: its copy
-            dataset = own.dataset if own is not None and own.dataset is not None else self.dataset
-        _local.info = worker_info(worker_id, self.num_workers, self.base_seed, dataset)
-        if self.worker_init_fn is not None and self.num_workers > 0:
+        if self.num_workers == 0:
+            return
+        own = prefetch_worker_info()
+        _local.rng = _ThreadRNG(own.id, own.seed)
+        if self.worker_init_fn is not None:
             self.worker_init_fn(worker_id)

@@ -9,49 +9,9 @@ import pytest
 
 import prefetch
 from prefetch import Loader
+from support import ShardedStream as Sharded
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _span(sizes):
-    """This worker's range of a stream split into ``sizes``."""
-    info = prefetch.worker_info()
-    start = sum(sizes[:info.id])
-    return range(start, start + sizes[info.id])
-
-
-class Counting:
-    """An iterator with its own state (torchdata's Stateful protocol)."""
-
-    def __init__(self, samples):
-        self.samples, self.i = list(samples), 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.i >= len(self.samples):
-            raise StopIteration
-        self.i += 1
-        return self.samples[self.i - 1]
-
-    def state_dict(self):
-        return {"i": self.i}
-
-    def load_state_dict(self, state):
-        self.i = state["i"]
-
-
-class Sharded:
-    """Worker w reads its own span of ``sizes``, through a stateful
-    iterator (``stateful``) or a plain one."""
-
-    def __init__(self, sizes, stateful=True):
-        self.sizes, self.stateful = sizes, stateful
-
-    def __iter__(self):
-        span = _span(self.sizes)
-        return Counting(span) if self.stateful else iter(span)
 
 
 def _in_turn(spans, batch_size):

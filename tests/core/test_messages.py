@@ -7,12 +7,12 @@ mistakes at the drop-ins' constructors: tests/pytorch/test_torch_dataloader.py
 prefetch.Prefetcher's bad arguments: BAD_ARGS in test_bad_input.py."""
 import pickle
 import re
-import threading
 import traceback
 
 import pytest
 
 import prefetch
+from support import Sized, a_generator, assert_refused_and_usable
 
 
 @pytest.mark.parametrize("name", ["ClosedError", "Stats", "WorkerInfo"])
@@ -67,26 +67,6 @@ def test_batch_size_none_and_numpy_ints_still_work():
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
 
 
-class Sized:
-    """A map-style dataset whose ``__len__`` returns ``n`` as given; it counts
-    the samples loaded from it."""
-
-    def __init__(self, n=4):
-        self.n = n
-        self.loaded = 0
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        self.loaded += 1
-        return i
-
-
-def _stream():
-    yield from range(4)
-
-
 # (what the user wrote, the call on a Sized() dataset, exception, what the
 # message must say: the argument or the dataset's type, the value, the fix).
 MISTAKES = [
@@ -102,7 +82,7 @@ MISTAKES = [
      ["len(dataset) must be an int >= 0", "Sized.__len__ returned -1"]),
     ("__len__ returns 10.0", lambda ds: prefetch.Loader(Sized(10.0)), TypeError,
      ["len(dataset) must be an int >= 0", "Sized.__len__ returned 10.0 (float)"]),
-    ("Loader(generator)", lambda ds: prefetch.Loader(_stream()), TypeError,
+    ("Loader(generator)", lambda ds: prefetch.Loader(a_generator()), TypeError,
      ["dataset must have __getitem__ and __len__", "(generator)", "prefetch.map(fn, iterable)"]),
     ("map(fn, it, num_workers=2)", lambda ds: prefetch.map(abs, range(4), num_workers=2), TypeError,
      ["map() has no argument num_workers", "got num_workers=2", "pass workers=2"]),
@@ -115,15 +95,7 @@ MISTAKES = [
 def test_a_constructor_mistake_is_refused_there_naming_it_and_the_fix(call, exc, says):
     """Refused at the call, before a thread starts or a sample loads; the
     dataset stays usable (the mistake was only an argument)."""
-    ds = Sized()
-    before = threading.active_count()
-    with pytest.raises(exc) as info:
-        call(ds)
-    message = str(info.value)
-    assert all(part in message for part in says), message
-    assert threading.active_count() == before and ds.loaded == 0
-    with prefetch.Loader(ds, batch_size=2, workers=2) as loader:
-        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert_refused_and_usable(call, exc, says, Sized(), lambda ds: prefetch.Loader(ds, batch_size=2, workers=2))
 
 
 def test_an_unknown_keyword_of_no_framework_keeps_pythons_message():

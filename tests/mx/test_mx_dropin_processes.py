@@ -6,9 +6,7 @@ with the samples, batches, order and batchify_fn Gluon gives; a dataset that
 pool cannot run stays on threads; closing a switched loader leaves no
 process. The gauge's meter is scripted (threads waiting for the GIL), so the
 verdict is the test's whatever else the machine runs."""
-import multiprocessing
 import os
-import threading
 import warnings
 
 import numpy as np
@@ -16,63 +14,31 @@ import pytest
 
 mx = pytest.importorskip("mxnet")   # the mxnet environment's (tests/run.sh)
 
-import prefetch._core as core  # noqa: E402
-from prefetch import GILBoundWarning  # noqa: E402
+from prefetch import ClosedError, GILBoundWarning  # noqa: E402
 from prefetch.mx import DataLoader  # noqa: E402
-from support import ScriptedMeter  # noqa: E402
+from support import CountedLoads, HeldLoads, NewChildren, take_with_ctrl_c  # noqa: E402
 
-GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # busy, cpu, runq, others per second (tests/core/test_loader_gil.py)
 N = 322   # not a multiple of the batch size: last_batch decides the last batch
 MAIN = os.getpid()
 
 
-class Counted(mx.gluon.data.Dataset):
-    """dataset[i] -> (i, pid); counts its calls per index in memory the
-    forked workers share (each index loaded exactly once?)."""
+class Counted(CountedLoads, mx.gluon.data.Dataset):
+    """dataset[i] -> (i, pid); its loads counted per index."""
 
     def __init__(self, n=N):
-        self.calls = multiprocessing.get_context("fork").Array("i", n)
-        self.n = n
-
-    def __len__(self):
-        return self.n
+        super().__init__(n)
 
     def __getitem__(self, i):
-        with self.calls.get_lock():
-            self.calls[i] += 1
-        threading.Event().wait(0.002)   # both threads inside it about all the time
+        self.loaded(i)
         return np.array([i, os.getpid()], dtype="int64")
 
 
-@pytest.fixture
-def gil_bound(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
-
-
-def all_children():
-    """This process's children, zombies too (Linux's /proc: no psutil in this environment)."""
-    pids = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            pids.update(int(p) for p in f.read().split())
-    return pids
-
-
-_earlier: set = set()
+children = NewChildren()   # the child processes this test started (Gluon's pool) still there
 
 
 @pytest.fixture(autouse=True)
 def earlier_children():
-    """Processes an earlier test left for the session (multiprocessing's
-    resource tracker lives as long as its parent) are not this test's."""
-    _earlier.clear()
-    _earlier.update(all_children())
-
-
-def children():
-    """The child processes this test started (Gluon's pool) still there."""
-    return sorted(all_children() - _earlier)
+    children.mark()
 
 
 def run(dl, passes=1):
@@ -216,3 +182,46 @@ def test_a_state_taken_in_processes_resumes_with_the_batches_not_handed_out(gil_
     assert (flat(again)[:, 1] != MAIN).all()
     dl.close()
     fresh.close()
+
+
+# -- Ctrl-C while Gluon's pool loads (SPEC §4: as on threads) ------------------------
+
+class Held(Counted, HeldLoads):
+    """Counted; its last sample, loaded in a worker process, held there until released."""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_waiting_for_gluons_pool_ends_the_pass_as_on_threads(gil_bound):
+    """The KeyboardInterrupt reaches the consumer waiting for a batch Gluon's
+    pool loads and ends the pass there, as on threads (a pass is a
+    generator); the next pass loads every sample in the pool; close()
+    leaves no process."""
+    ds = Held()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        got, before = take_with_ctrl_c(iter(dl), ds, 4, lambda b: b.asnumpy())
+        assert before == len(got) == ds.hold // 4   # interrupted waiting for the held batch
+        assert flat(got)[:, 0].tolist() == list(range(before * 4))
+        (again,), _ = run(dl)
+    assert flat(again)[:, 0].tolist() == list(range(N)) and (flat(again)[:, 1] != MAIN).all()
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_then_close_while_a_worker_is_inside_the_dataset_leaves_no_process(gil_bound):
+    """A program stopped by Ctrl-C closes its loader (a ``with`` block's
+    exit) while a pool process is still inside dataset[i]: close()
+    returns, no process is left, and the loader says it is closed."""
+    ds = Held()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        _, before = take_with_ctrl_c(iter(dl), ds, 4, lambda b: b.asnumpy(), go_on=False)
+    assert before == ds.hold // 4
+    assert children() != []
+    dl.close()   # Gluon's pool terminated and joined, its held worker too
+    assert children() == []
+    with pytest.raises(ClosedError):
+        next(iter(dl))

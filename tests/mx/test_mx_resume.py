@@ -19,6 +19,7 @@ from mxnet import gluon  # noqa: E402
 import prefetch  # noqa: E402
 from prefetch import ClosedError  # noqa: E402
 from prefetch.mx import DataLoader  # noqa: E402
+from support import count_state_checks  # noqa: E402
 
 
 class Augmented(gluon.data.Dataset):
@@ -200,17 +201,8 @@ def test_another_last_batch_is_refused_naming_it():
 
 
 def test_a_loaded_state_is_checked_once(monkeypatch):
-    import prefetch._resume
     import prefetch.mx._dataloader as module
-    calls = []
-    check = prefetch._resume.check_state
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("owner"))
-        return check(*args, **kwargs)
-
-    monkeypatch.setattr(prefetch._resume, "check_state", counted)
-    monkeypatch.setattr(module, "check_state", counted)
+    calls = count_state_checks(monkeypatch, module)
     with DataLoader(Augmented(), 4, num_workers=2) as loader:
         next(iter(loader))
         state = roundtrip(loader.state_dict())

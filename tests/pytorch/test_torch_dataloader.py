@@ -29,7 +29,10 @@ from prefetch.torch import DataLoader, get_worker_info  # noqa: E402
 from support import (  # noqa: E402
     RaisingDataset,
     SharedDataset,
+    Sized,
     UnpicklableDataset,
+    a_generator,
+    assert_refused_and_usable,
     assert_same,
     free_the_frames,
 )
@@ -293,6 +296,70 @@ def test_worker_rng_is_per_thread_and_seeded_with_the_workers_seed():
         assert torch.equal(t, torch.randint(0, 1 << 30, (3,), generator=torch.Generator().manual_seed(seed)))
         assert r == random.Random(seed).random()
         assert n.tolist() == np.random.default_rng([worker_id, base_seed]).integers(1 << 30, size=3).tolist()
+
+
+class BothAnswers(Dataset):
+    """Item i: torch's get_worker_info() and prefetch's worker_info() on the thread loading it."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return get_worker_info(), prefetch.worker_info()
+
+
+class BothAnswersStream(IterableDataset):
+    def __iter__(self):
+        ours, own = get_worker_info(), prefetch.worker_info()
+        for i in range(ours.id, 12, ours.num_workers):
+            yield ours, own, get_worker_info(), prefetch.worker_info()
+
+
+def _torchs_answer_is_prefetchs(ours, own):
+    """torch's WorkerInfo of a drop-in thread is prefetch's own, in torch's
+    words: the loader's seed is torch's base_seed, each worker's seed its own."""
+    assert own is not None and ours is not None
+    assert (ours.id, ours.num_workers, ours.seed) == (own.id, own.num_workers, own.seed + own.id)
+    assert ours.worker_method == "thread"
+
+
+def test_torchs_worker_info_in_a_thread_is_read_from_prefetchs():
+    """SPEC §9: one worker query: torch's get_worker_info() in a drop-in thread
+    answers what prefetch.worker_info() says there (a map-style thread's
+    dataset is its own copy, which prefetch's query does not hold)."""
+    ds = BothAnswers()
+    g = torch.Generator().manual_seed(3)
+    samples = [s for batch in DataLoader(ds, batch_size=3, num_workers=3, generator=g, collate_fn=list)
+               for s in batch]
+    assert {own.id for _, own in samples} <= {0, 1, 2}   # a thread may start after the others loaded all
+    base_seed = torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(3)).item()
+    for ours, own in samples:
+        _torchs_answer_is_prefetchs(ours, own)
+        assert own.seed == base_seed and own.dataset is None and ours.dataset is not ds
+        assert type(ours.dataset) is BothAnswers
+    copies = {own.id: ours.dataset for ours, own in samples}
+    assert all(ours.dataset is copies[own.id] for ours, own in samples)
+    assert len({id(copy) for copy in copies.values()}) == len(copies)   # a copy per thread
+
+
+def test_torchs_worker_info_of_a_stream_is_prefetchs_with_its_dataset():
+    """A stream's worker: torch's dataset is prefetch's worker_info().dataset
+    (the copy that worker iterates), at its first read and at every sample."""
+    ds = BothAnswersStream()
+    rows = list(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda x: x))
+    assert len(rows) == 12 and {own.id for _, own, _, _ in rows} == {0, 1}
+    for first, first_own, ours, own in rows:
+        for torchs, prefetchs in ((first, first_own), (ours, own)):
+            _torchs_answer_is_prefetchs(torchs, prefetchs)
+            assert torchs.dataset is prefetchs.dataset and type(torchs.dataset) is BothAnswersStream
+            assert torchs.dataset is not ds
+
+
+def test_torchs_worker_info_is_none_in_prefetchs_own_loader_threads():
+    """Outside a drop-in, torch's answer is torch's own: a prefetch.Loader's
+    thread is no torch worker, though prefetch's query answers there."""
+    got = list(prefetch.Loader(BothAnswers(), batch_size=4, workers=2, collate=list))
+    assert all(ours is None and own is not None for batch in got for ours, own in batch)
 
 
 def test_persistent_workers_keep_threads_and_init_once():
@@ -638,28 +705,13 @@ def test_stats_are_the_loaders_counters_of_the_epoch_begun_last(iterable):
 
 # -- a new user's mistakes at the constructor (as MISTAKES in tests/core/test_messages.py) --
 
-class SizedAs(Dataset):
+class SizedAs(Sized, Dataset):
     """A map-style dataset whose ``__len__`` returns ``n`` as given; counts its loads."""
-
-    def __init__(self, n=4):
-        self.n = n
-        self.loaded = 0
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        self.loaded += 1
-        return i
-
-
-def _stream():
-    yield from range(4)
 
 
 # (what the user wrote, the call on a SizedAs() dataset, exception, what the message must say)
 MISTAKES = [
-    ("DataLoader(generator)", lambda ds: DataLoader(_stream()), TypeError,
+    ("DataLoader(generator)", lambda ds: DataLoader(a_generator()), TypeError,
      ["dataset must have __getitem__ and __len__", "(generator)", "torch.utils.data.IterableDataset"]),
     ("__len__ returns -1", lambda ds: DataLoader(SizedAs(-1)), ValueError,
      ["len(dataset) must be an int >= 0", "SizedAs.__len__ returned -1"]),
@@ -678,14 +730,7 @@ MISTAKES = [
 def test_a_constructor_mistake_is_refused_there_naming_it_and_the_fix(call, exc, says):
     """At the constructor, not at iter() through the drop-in's frames; before
     a thread starts or a sample loads; the dataset stays usable."""
-    ds = SizedAs()
-    before = threading.active_count()
-    with pytest.raises(exc) as info:
-        call(ds)
-    assert all(part in str(info.value) for part in says), str(info.value)
-    assert threading.active_count() == before and ds.loaded == 0
-    with DataLoader(ds, batch_size=2, num_workers=2) as loader:
-        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert_refused_and_usable(call, exc, says, SizedAs(), lambda ds: DataLoader(ds, batch_size=2, num_workers=2))
 
 
 @pytest.mark.timeout(60)

@@ -5,7 +5,6 @@ workers, and its remedy names torch's own process DataLoader wrapped in
 prefetch.Prefetcher (the core's text names no framework). The gauge's meter is scripted (threads waiting for the GIL), so the
 outcome is the test's, whatever else the machine runs; the gauge's own decisions
 are tests/core/test_loader_gil.py's."""
-import os
 import time
 import warnings
 
@@ -14,13 +13,10 @@ import pytest
 
 pytest.importorskip("torch")   # the torch environment's (tests/run.sh)
 
-import prefetch._core as core  # noqa: E402
 from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
-from support import ScriptedMeter  # noqa: E402
 
 EPOCHS = 12
-GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # busy, cpu, runq, others per second (tests/core/test_loader_gil.py)
 
 
 class Sleeps:
@@ -36,9 +32,7 @@ class Sleeps:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("persistent", [False, True])
-def test_a_gil_bound_dataset_warns_once_per_dataloader_naming_torchs_process_loader(monkeypatch, persistent):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
+def test_a_gil_bound_dataset_warns_once_per_dataloader_naming_torchs_process_loader(gil_bound, persistent):
     dl = DataLoader(Sleeps(), batch_size=4, num_workers=2, persistent_workers=persistent, loading="threads")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

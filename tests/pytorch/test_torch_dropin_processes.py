@@ -6,8 +6,8 @@ order, seeds and state torch gives; a dataset those processes cannot run
 stays on threads; closing or dropping a switched loader leaves no process.
 The gauge's meter is scripted (threads waiting for the GIL), so the verdict
 is the test's whatever else the machine runs."""
+import contextlib
 import gc
-import multiprocessing
 import os
 import threading
 import warnings
@@ -20,55 +20,32 @@ psutil = pytest.importorskip("psutil")
 
 import torch  # noqa: E402
 
-import prefetch._core as core  # noqa: E402
 from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
-from support import ScriptedMeter  # noqa: E402
+from support import CountedLoads, HeldLoads, NewChildren, take_with_ctrl_c  # noqa: E402
 
-GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # busy, cpu, runq, others per second (tests/core/test_loader_gil.py)
 N = 320
 MAIN = os.getpid()
 
 
-class Counted(torch.utils.data.Dataset):
-    """dataset[i] -> (i, pid, base seed); counts its calls per index in
-    memory the forked workers share (each index loaded exactly once?)."""
+class Counted(CountedLoads, torch.utils.data.Dataset):
+    """dataset[i] -> (i, pid, base seed); its loads counted per index."""
 
     def __init__(self, n=N):
-        self.calls = multiprocessing.get_context("fork").Array("i", n)
-        self.n = n
-
-    def __len__(self):
-        return self.n
+        super().__init__(n)
 
     def __getitem__(self, i):
-        with self.calls.get_lock():
-            self.calls[i] += 1
-        threading.Event().wait(0.002)   # both threads inside it about all the time
+        self.loaded(i)
         info = torch.utils.data.get_worker_info()
         return np.array([i, os.getpid(), info.seed - info.id])
 
 
-@pytest.fixture
-def gil_bound(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND))
-
-
-_earlier: set[int] = set()
+children = NewChildren()   # the child processes this test started (torch's workers) still there
 
 
 @pytest.fixture(autouse=True)
 def earlier_children():
-    """Processes an earlier test left for the session (multiprocessing's
-    resource tracker lives as long as its parent) are not this test's."""
-    _earlier.clear()
-    _earlier.update(p.pid for p in psutil.Process().children(recursive=True))
-
-
-def children():
-    """The child processes this test started (torch's workers) still there."""
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in _earlier]
+    children.mark()
 
 
 def run(dl, epochs=1):
@@ -215,8 +192,57 @@ def test_a_switched_loader_closed_or_dropped_mid_epoch_leaves_no_process(gil_bou
     else:
         del it, batch   # torch's iterators have no close(): dropped, it ends its workers
         gc.collect()
-    for p in children():
-        p.wait(timeout=30)
+    for pid in children():
+        with contextlib.suppress(psutil.NoSuchProcess):   # gone already
+            psutil.Process(pid).wait(timeout=30)
+    assert children() == []
+
+
+# -- Ctrl-C while torch's workers load (SPEC §4: as on threads) ----------------------
+
+class Held(Counted, HeldLoads):
+    """Counted; its last sample, loaded in a worker process, held there until released."""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_waiting_for_torchs_workers_goes_on_with_that_batch_as_on_threads(gil_bound):
+    """The KeyboardInterrupt reaches the consumer waiting for a batch torch's
+    workers load; the next next() gives that batch and the epoch runs to its
+    end, each sample once; a later epoch loads; close() leaves no process."""
+    ds = Held()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        got, before = take_with_ctrl_c(iter(dl), ds, 4, lambda b: b.numpy())
+        got = np.concatenate(got)
+        assert before == ds.hold // 4   # interrupted waiting for the held batch
+        assert got[before * 4, 1] != MAIN        # a batch of torch's workers
+        assert got[:, 0].tolist() == list(range(N)) and list(ds.calls) == [1] * N
+        (again,), _ = run(dl)
+    assert again[:, 0].tolist() == list(range(N)) and (again[:, 1] != MAIN).all()
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_then_close_while_a_worker_is_inside_the_dataset_leaves_no_process(gil_bound):
+    """A program stopped by Ctrl-C closes its loader (a ``with`` block's
+    exit) while a worker process is still inside dataset[i]: close()
+    returns (torch's shutdown ends that worker), next() says closed."""
+    ds = Held()
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    it = iter(dl)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GILBoundWarning)
+        _, before = take_with_ctrl_c(it, ds, 4, lambda b: b.numpy(), go_on=False)
+    assert before == ds.hold // 4
+    assert children() != []
+    dl.close()
+    with pytest.raises(Exception, match="closed"):
+        next(it)
+    for pid in children():
+        with contextlib.suppress(psutil.NoSuchProcess):   # gone already
+            psutil.Process(pid).wait(timeout=30)
     assert children() == []
 
 

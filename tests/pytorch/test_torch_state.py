@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import Dataset, IterableDataset  # noqa: E402
 
 from prefetch.torch import DataLoader, StatefulDataLoader  # noqa: E402
-from support import run_script  # noqa: E402
+from support import count_state_checks, run_script  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -386,17 +386,8 @@ def test_a_refused_sampler_state_changes_nothing():
 
 def test_a_loaded_state_is_checked_once(monkeypatch):
     """Where it is loaded; the epoch it starts takes it as checked."""
-    import prefetch._resume
     import prefetch.torch._dataloader as module
-    calls = []
-    check = prefetch._resume.check_state
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("owner"))
-        return check(*args, **kwargs)
-
-    monkeypatch.setattr(prefetch._resume, "check_state", counted)
-    monkeypatch.setattr(module, "check_state", counted)
+    calls = count_state_checks(monkeypatch, module)
     loader = _make(num_workers=2)
     it = iter(loader)
     next(it)

@@ -11,44 +11,16 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import Dataset, IterableDataset  # noqa: E402
 
 import prefetch.torch  # noqa: E402
+from support import ShardedStream, torch_worker  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")]
 
 
-class Counting:
-    """An iterator with its own state (torchdata's Stateful)."""
+class Sharded(ShardedStream, IterableDataset):
+    """Worker w reads its own span of ``sizes`` (by torch's get_worker_info()) through a stateful iterator."""
 
-    def __init__(self, samples):
-        self.samples, self.i = list(samples), 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.i >= len(self.samples):
-            raise StopIteration
-        self.i += 1
-        return self.samples[self.i - 1]
-
-    def state_dict(self):
-        return {"i": self.i}
-
-    def load_state_dict(self, state):
-        self.i = state["i"]
-
-
-class Sharded(IterableDataset):
-    """Worker w reads its own span of ``sizes`` through a stateful iterator."""
-
-    def __init__(self, sizes):
-        self.sizes = sizes
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        w = 0 if info is None else info.id
-        start = sum(self.sizes[:w])
-        return Counting(range(start, start + self.sizes[w]))
+    worker = staticmethod(torch_worker)
 
 
 class Numbers(Dataset):

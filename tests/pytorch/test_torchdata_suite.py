@@ -20,7 +20,7 @@ stateful = pytest.importorskip("torchdata.stateful_dataloader")
 from torch.utils.data import Dataset, IterableDataset, RandomSampler, Sampler  # noqa: E402
 
 import prefetch.torch  # noqa: E402
-from support import free_the_frames  # noqa: E402
+from support import CountingIterator, free_the_frames, torch_worker, worker_span  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
               # torchdata's own, from torch's DataLoader internals it calls
@@ -51,41 +51,19 @@ def identity(x):
     return x
 
 
-def _worker():
-    """(id, count) of the worker calling, as a stream shards by it; (0, 1) outside workers."""
-    info = torch.utils.data.get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
-
-
 def _span(sizes):
     """This worker's range of a stream split into ``sizes`` (one worker: all of it)."""
-    w, n = _worker()
-    if n == 1:
-        return range(sum(sizes))
-    start = sum(sizes[:w])
-    return range(start, start + sizes[w])
+    return worker_span(sizes, torch_worker())
 
 
-class CountingIterator:
-    """An iterator with its own state (torchdata's Stateful)."""
-
-    def __init__(self, samples):
-        self.samples, self.i = list(samples), 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.i >= len(self.samples):
-            raise StopIteration
-        self.i += 1
-        return self.samples[self.i - 1]
+class NestedCountingIterator(CountingIterator):
+    """Its state nested a level down, as torchdata's tests' iterators keep it."""
 
     def state_dict(self):
-        return {"nest": {"i": self.i}}
+        return {"nest": super().state_dict()}
 
     def load_state_dict(self, state):
-        self.i = state["nest"]["i"]
+        super().load_state_dict(state["nest"])
 
 
 class Sharded(IterableDataset):
@@ -96,14 +74,14 @@ class Sharded(IterableDataset):
         self.sizes = sizes
 
     def __iter__(self):
-        return CountingIterator(_span(self.sizes))
+        return NestedCountingIterator(_span(self.sizes))
 
 
-class SelfIterating(IterableDataset, CountingIterator):
+class SelfIterating(IterableDataset, NestedCountingIterator):
     """torchdata's DummyIteratorIterableDataset: the dataset is its own stateful iterator."""
 
     def __init__(self, samples):
-        CountingIterator.__init__(self, samples)
+        NestedCountingIterator.__init__(self, samples)
 
     def __iter__(self):
         return self
@@ -164,7 +142,7 @@ class IterStateSampler(Sampler):
         self.size = size
 
     def __iter__(self):
-        return CountingIterator(range(self.size))
+        return NestedCountingIterator(range(self.size))
 
     def __len__(self):
         return self.size
@@ -198,7 +176,7 @@ class SplitCounter(IterableDataset):
         self.length = length
 
     def __iter__(self):
-        w, n = _worker()
+        w, n = torch_worker()
         per = self.length // n
         self.curr, self.end = per * w, per * (w + 1)
         return self
