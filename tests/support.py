@@ -485,8 +485,11 @@ def _child_pids():
     """This process's children, zombies too (Linux's /proc: psutil is not in every environment)."""
     pids = set()
     for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            pids.update(int(p) for p in f.read().split())
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except FileNotFoundError:   # a thread that ended after listdir: it has no children left to us
+            pass
     return pids
 
 

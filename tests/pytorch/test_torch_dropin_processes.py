@@ -43,6 +43,13 @@ class Counted(CountedLoads, torch.utils.data.Dataset):
 children = NewChildren()   # the child processes this test started (torch's workers) still there
 
 
+def wait_for_children_to_exit():
+    """Waits (30 s at most each) for the worker processes this test started to exit."""
+    for pid in children():
+        with contextlib.suppress(psutil.NoSuchProcess):   # gone already
+            psutil.Process(pid).wait(timeout=30)
+
+
 @pytest.fixture(autouse=True)
 def earlier_children():
     children.mark()
@@ -192,9 +199,7 @@ def test_a_switched_loader_closed_or_dropped_mid_epoch_leaves_no_process(gil_bou
     else:
         del it, batch   # torch's iterators have no close(): dropped, it ends its workers
         gc.collect()
-    for pid in children():
-        with contextlib.suppress(psutil.NoSuchProcess):   # gone already
-            psutil.Process(pid).wait(timeout=30)
+    wait_for_children_to_exit()
     assert children() == []
 
 
@@ -240,9 +245,7 @@ def test_ctrl_c_then_close_while_a_worker_is_inside_the_dataset_leaves_no_proces
     dl.close()
     with pytest.raises(Exception, match="closed"):
         next(it)
-    for pid in children():
-        with contextlib.suppress(psutil.NoSuchProcess):   # gone already
-            psutil.Process(pid).wait(timeout=30)
+    wait_for_children_to_exit()
     assert children() == []
 
 
@@ -337,6 +340,5 @@ def test_a_stream_in_processes_closed_or_dropped_mid_epoch_leaves_no_process(how
     else:
         del it   # torch's iterators have no close(): dropped, it ends its workers
         gc.collect()
-    for p in children():
-        p.wait(timeout=30)
+    wait_for_children_to_exit()
     assert children() == []
