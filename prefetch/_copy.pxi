@@ -272,6 +272,18 @@ cdef size_t _leaf_nbytes(object leaf):
         return 0
 
 
+cdef uint64_t _tree_nbytes(object tree) except? 0xFFFFFFFFFFFFFFFF:
+    """The bytes a copy of ``tree`` holds, known before it is made: its arrays'
+    and its registered leaves' that have ``nbytes`` (others count 0)."""
+    cdef list leaves = []
+    cdef uint64_t total = 0
+    _flatten(tree, _AS_IS, leaves)
+    for leaf in leaves:
+        total += <uint64_t>cnp.PyArray_NBYTES(<cnp.ndarray>leaf) if isinstance(leaf, cnp.ndarray) \
+            else _leaf_nbytes(leaf)
+    return total
+
+
 def _walk(tree, Py_ssize_t times=1):
     """The batch ``tree`` taken apart and rebuilt ``times`` times, as the
     publisher does, for bench/bench_tree.py (the walk alone cannot be timed

@@ -139,11 +139,16 @@ cdef class CopyPlan(_LeafSink):
 
 
 cdef class _Parts:
-    # One batch on its way from a stage to the publisher (_stage.pxi).
+    # One batch on its way from a stage to the publisher, in its ring slot (_stage.pxi).
+    cdef pf_ring *ring             # the publisher's (it frees it)
+    cdef uint64_t max_bytes        # the ring's cap on bytes ahead; 0: none
+    cdef uint64_t slot             # the slot reserved for the batch (room())
+    cdef int64_t wait_ns           # time waiting for room, summed (producer_wait_s)
     cdef list nodes                # the tree's structure (_tree.pxi's preorder nodes)
     cdef list leaves               # its leaves, memory only the prefetcher holds
     cdef list deliver              # indices of the leaves a device delivery gets
     cdef uint64_t nbytes           # array bytes of the batch, for max_bytes
+    cdef bint room(self, uint64_t nbytes) except -1
     cdef void clear(self)
 
 
@@ -611,18 +616,15 @@ cdef class _Publisher:
     cdef readonly object name
     cdef readonly str kind         # "prefetcher" or "loader", for messages
     cdef readonly int depth
-    cdef uint64_t _max_bytes       # 0: no cap
     cdef readonly bint closed
     cdef int _doing                # what the publisher does, for TimeoutError and close()
     # counters (each written by one thread, read under the GIL)
     cdef uint64_t _produced        # by the publisher
     cdef uint64_t _consumed        # by the consumer
-    cdef int64_t _producer_wait_ns
     cdef uint64_t _peak_fill
 
     cdef int _apply_thread_states(self) except -1
-    cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1
-    cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
+    cdef void _publish(self, object item, uint64_t nbytes, bint is_batch)
 
 
 cdef class _Core(_Publisher):

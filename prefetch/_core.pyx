@@ -136,15 +136,15 @@ cdef class _Publisher:
         self._epoch = pf_fork_epoch()   # also installs the at-fork handler
         self._stage = stage
         self._parts = _Parts.__new__(_Parts)
+        self._parts.max_bytes = max_bytes
         self._pool = pool
         self.name = name
         self.kind = kind
         self.depth = depth
-        self._max_bytes = max_bytes
         self._slots = [None] * depth
         self._warnings = []
         self._doing = DOING_START
-        self._ring = pf_ring_new(depth, max_bytes, -1, &rc)
+        self._ring = self._parts.ring = pf_ring_new(depth, max_bytes, -1, &rc)
         _check_rc(rc, "the ring")
 
     def __dealloc__(self):
@@ -166,7 +166,6 @@ cdef class _Publisher:
         self._thread.start()
 
     def _run(self):
-        cdef uint64_t slot = 0
         cdef uint64_t nbytes
         cdef int got
         cdef _Stage stage = self._stage
@@ -177,7 +176,7 @@ cdef class _Publisher:
         try:
             while True:
                 self._doing = DOING_ROOM
-                if not self._wait_room(0, &slot):
+                if not parts.room(0):   # a slot (a stage waits for its bytes before it makes them)
                     return
                 try:
                     # The stage's next batch, delivered to the device and rebuilt.
@@ -200,27 +199,25 @@ cdef class _Publisher:
                         raise   # a forked child on this thread's stack: its own exit
                     parts.clear()
                     if not self.closed:
-                        self._publish(slot, _Failure(_note_batch(
+                        self._publish(_Failure(_note_batch(
                             exc, "in " + _publisher_name(self.kind, self.name), _FAILED_WHILE[self._doing],
                             self._produced + 1, True)), 0, False)
                     return
                 if got == P_STOPPED:
                     return
                 if got == P_END:
-                    self._publish(slot, _END, 0, False)
+                    self._publish(_END, 0, False)
                     return
                 if got == P_FAILED or got == P_BATCH_FAILED:
                     failure, stage.failure = stage.failure, None
-                    self._publish(slot, _Failure(failure, got == P_FAILED), 0, False)
+                    self._publish(_Failure(failure, got == P_FAILED), 0, False)
                     failure = None
                     if got == P_FAILED:
                         return
                     continue
                 nbytes = parts.nbytes
                 parts.clear()
-                if self._max_bytes and not self._wait_room(nbytes, &slot):
-                    return
-                self._publish(slot, batch, nbytes, True)
+                self._publish(batch, nbytes, True)
                 batch = None
         finally:
             self._doing = DOING_DONE
@@ -241,27 +238,12 @@ cdef class _Publisher:
             return P_FAILED
         return self._stage.produce(self._parts)
 
-    cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1:
-        """Wait for a free slot (and room under max_bytes); False once closed."""
-        cdef int rc = pf_ring_reserve(self._ring, nbytes, 0, slot)
-        cdef int64_t t0
-        if rc == PF_EAGAIN:
-            t0 = pf_now_ns()
-            rc = PF_ETIMEDOUT
-            while rc == PF_ETIMEDOUT:   # the GIL is taken between slices
-                with nogil:
-                    rc = pf_ring_reserve(self._ring, nbytes, WAIT_SLICE_NS, slot)
-            self._producer_wait_ns += pf_now_ns() - t0
-        if rc == PF_ECLOSED:
-            return False
-        _check_ring(rc, "waiting for room")
-        return True
-
-    cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch):
+    cdef void _publish(self, object item, uint64_t nbytes, bint is_batch):
+        """``item`` into the slot reserved (parts.room) and out to the consumer."""
         cdef uint64_t fill
         if self.closed:
             return  # close() already emptied the slots; don't refill one
-        self._slots[slot] = item
+        self._slots[self._parts.slot] = item
         if is_batch:
             self._produced += 1
         pf_ring_publish(self._ring, nbytes)
@@ -480,7 +462,7 @@ cdef class _Core(_Publisher):
             produced=self._produced,
             consumed=self._consumed,
             consumer_wait_s=self._consumer_wait_ns / 1e9,
-            producer_wait_s=self._producer_wait_ns / 1e9,
+            producer_wait_s=self._parts.wait_ns / 1e9,
             fill=self._produced - self._consumed if not self.closed else 0,
             peak_fill=self._peak_fill,
             depth=self.depth,

@@ -9,12 +9,14 @@
 cdef enum Fetching:
     F_START
     F_NEXT
+    F_ROOM
     F_COPY
     F_DONE
 
 _FETCHING = {
     F_START: "starting",
     F_NEXT: "waiting in next(source)",
+    F_ROOM: "waiting for room under max_bytes",
     F_COPY: "copying",
     F_DONE: "finished",
 }
@@ -34,6 +36,7 @@ cdef class _FetchStage(_Stage):
         return self.batch_copy.plan.device
 
     cdef int produce(self, _Parts parts) except -1:
+        cdef uint64_t nbytes = 0
         self._doing = F_NEXT
         try:
             item = next(self.source)
@@ -52,9 +55,18 @@ cdef class _FetchStage(_Stage):
             return P_STOPPED
         if self._stopped:
             return P_STOPPED
-        self._doing = F_COPY
         try:
+            if parts.max_bytes:
+                # Room for its bytes before it is copied, not on top of a full ring;
+                # again after, for leaves whose size only their copy told.
+                self._doing = F_ROOM
+                nbytes = _tree_nbytes(item)
+                if not parts.room(nbytes):
+                    return P_STOPPED
+            self._doing = F_COPY
             self.batch_copy.copy(item, parts)
+            if parts.max_bytes and parts.nbytes > nbytes and not parts.room(parts.nbytes):
+                return P_STOPPED
         except BaseException as exc:
             if self._stopped:
                 return P_STOPPED   # close() took the pool away

@@ -25,7 +25,27 @@ cdef enum Produced:
 
 
 cdef class _Parts:
-    """One batch on its way from a stage to the publisher; cleared once published."""
+    """One batch on its way from a stage to the publisher, in the ring slot
+    reserved for it; cleared once published."""
+
+    cdef bint room(self, uint64_t nbytes) except -1:
+        """Wait for a free slot with room for ``nbytes`` more under max_bytes (a
+        batch always fits an empty ring); False once the ring is closed. A
+        stage calls it before it makes a batch of ``nbytes``, so that the
+        batch being made is never held on top of a full ring."""
+        cdef int rc = pf_ring_reserve(self.ring, nbytes, 0, &self.slot)
+        cdef int64_t t0
+        if rc == PF_EAGAIN:
+            t0 = pf_now_ns()
+            rc = PF_ETIMEDOUT
+            while rc == PF_ETIMEDOUT:   # the GIL is taken between slices
+                with nogil:
+                    rc = pf_ring_reserve(self.ring, nbytes, WAIT_SLICE_NS, &self.slot)
+            self.wait_ns += pf_now_ns() - t0
+        if rc == PF_ECLOSED:
+            return False
+        _check_ring(rc, "waiting for room")
+        return True
 
     cdef void clear(self):
         self.nodes = None
