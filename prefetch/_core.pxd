@@ -13,8 +13,6 @@ cdef extern from "pf_sync.h" nogil:
         PF_ETIMEDOUT
         PF_ECLOSED
         PF_ENOMEM
-        PF_EINVAL
-        PF_ESYS
     int64_t pf_now_ns()
     unsigned pf_fork_epoch()
 
@@ -28,7 +26,6 @@ cdef extern from "pf_ring.h" nogil:
     void pf_ring_publish(pf_ring *r, uint64_t nbytes)
     int pf_ring_acquire(pf_ring *r, int64_t timeout_ns, uint64_t *slot)
     uint64_t pf_ring_release(pf_ring *r)
-    uint64_t pf_ring_fill(pf_ring *r)
     void pf_ring_close(pf_ring *r)
 
 
@@ -41,9 +38,6 @@ cdef extern from "pf_pool.h" nogil:
     ctypedef struct pf_pool_stats:
         uint64_t blocks_allocated
         uint64_t blocks_reused
-        uint64_t blocks_freed
-        uint64_t blocks_out
-        uint64_t free_bytes
     pf_pool *pf_pool_new(size_t keep_bytes)
     void pf_pool_set_keep(pf_pool *p, size_t keep_bytes)
     pf_block *pf_pool_get(pf_pool *p, size_t nbytes)
@@ -85,6 +79,8 @@ cdef class _Pool:
     cdef pf_pool *p                # NULL once closed
     cdef unsigned _epoch           # pf_fork_epoch() at creation
     cdef pf_pool_stats _final      # snapshot taken at close
+    cdef size_t largest            # the largest batch's bytes kept for so far (keep_for)
+    cdef void keep_for(self, size_t batches, size_t nbytes)
     cdef pf_pool_stats stats(self)
 
 
@@ -166,9 +162,6 @@ cdef class _Stage:
 # _gauge, _epoch_batches, _tune, _threads, _map .pxi): their layouts here, the
 # behaviour in the .pxi files.
 
-cdef enum:
-    RECENT = 3   # windows at the current count a trial is measured against (_tune.pxi)
-
 cdef enum MapMode:  # a map stage's batching mode: which assembly it has (_assemble.pxi)
     M_STACK         # the default collate: rows of pooled blocks
     M_CUSTOM        # collate=f: f(samples) on the thread that finished the batch
@@ -205,8 +198,8 @@ cdef class _BatchCopy:
     cdef bint _copier_ok           # the copier's helper threads run (fini once)
     cdef readonly int workers      # threads that copy: this one and workers - 1 helpers
     cdef bint _handover            # copy="auto": hand over what the _SoleProof proves sole
+    cdef _Pool pool
     cdef size_t _keep_batches      # batches ahead the pool keeps blocks for; 0: its owner's policy
-    cdef uint64_t _max_batch_bytes
     cdef uint64_t bytes_copied
     cdef uint64_t bytes_handed
     cdef uint64_t leaves_copied
@@ -276,8 +269,7 @@ cdef class _Tuner:
     cdef double trial_rate         # samples/s before the trial: the best of the recent windows
     cdef double trial_low          # the trial's slowest window so far
     cdef int trial_windows         # windows measured in the trial
-    cdef double recent[RECENT]     # samples/s of the last windows at the current count
-    cdef int n_recent
+    cdef list recent               # samples/s of the last RECENT windows at the current count
     cdef int64_t t0                # the window's start; 0: the next batch starts one
     cdef int64_t wait0             # the publisher's wait at the window's start
     cdef double cpu0               # process CPU time at the window's start
@@ -289,8 +281,6 @@ cdef class _Tuner:
     cdef bint due(self, int64_t now)
     cdef int after_batch(self, int threads, uint64_t samples, int64_t wait_ns, _Gauge gauge) except -1
     cdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
-    cdef void _remember(self, double rate)
-    cdef double _best_recent(self)
     cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *
 
 
@@ -330,7 +320,7 @@ cdef class _OwnedBatch(_Batch):
     # A batch that is one object its thread copied (_assemble.pxi).
     cdef list samples              # collate=f: the samples, until it runs
     cdef _Parts parts              # the copied sample or collate result
-    cdef uint64_t bytes_copied, leaves_copied, bytes_handed, leaves_handed   # ...its copy, for stats
+    cdef tuple copied              # ...its copy's figures (_COPY_FIGURES), for stats
 
 
 @cython.final
@@ -359,7 +349,6 @@ cdef class _Assembly:
     cdef object name               # the loader's, for notes
     cdef object delivery           # the loader's device Delivery, or None: its one holder, which
                                    # closes it; the publisher delivers to it, adapters may copy there
-    cdef size_t max_block_bytes    # the largest batch's pool blocks so far (the keep policy)
     cdef size_t keep_batches       # batches in flight the pool keeps blocks for (the stage sets it)
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen)
@@ -367,7 +356,6 @@ cdef class _Assembly:
     cdef int64_t finish(self, _Batch b, _ThreadContext t) except -2
     cdef void hand(self, _Batch b, _Parts parts) except *
     cdef void new_epoch(self)
-    cdef void keep_for(self, size_t nbytes)
     cdef void fail(self, _Batch b, Py_ssize_t row, int wid, exc, str what) except *
 
 
@@ -387,9 +375,9 @@ cdef class _StackAssembly(_Assembly):
 cdef class _OwningAssembly(_Assembly):
     # collate=f and no batching: the thread copies what it hands on (_assemble.pxi).
     cdef object collate            # collate=f (no batching: applied to the one sample), or None
-    # the copies of the batches taken, per epoch as the core's counters (a
-    # batch of the next epoch may be copied before that epoch starts)
-    cdef uint64_t own_bytes_copied, own_leaves_copied, own_bytes_handed, own_leaves_handed
+    # the copies of the batches taken (_COPY_FIGURES), per epoch as the core's
+    # counters (a batch of the next epoch may be copied before that epoch starts)
+    cdef list copied
     cdef set closers               # close hooks of the leaf adapters those copies used
 
     cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2

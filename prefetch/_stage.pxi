@@ -13,8 +13,8 @@
 # Threads: produce() runs on the publisher thread; taken() and before_take()
 # on the consumer; stop() and doing() on any thread; all with the GIL held.
 #
-# Also here, written once for both stages: the pool's keep policy and the
-# close-with-grace that joins threads and warns about the ones still busy.
+# Also here, written once for both stages: the close-with-grace that joins
+# threads and warns about the ones still busy.
 
 cdef enum Produced:
     P_BATCH        # parts filled
@@ -93,16 +93,6 @@ cdef class _Stage:
     def counts(self):
         """The stage's fields of Stats."""
         return {}
-
-
-cdef void _keep_for(pf_pool *pool, size_t batches, size_t nbytes) noexcept:
-    """Let ``pool`` keep free blocks for ``batches`` batches of ``nbytes``,
-    twice over: blocks are binned by size class, so mixed sizes need more.
-    With 1x, bench/soak.py (4 shapes, 3 batches held) re-allocated 1.3 % of
-    blocks for ever; with 2x, 3 blocks in 21,730 batches. A dropped hoard is
-    still freed."""
-    if pool != NULL:
-        pf_pool_set_keep(pool, 2 * batches * nbytes)
 
 
 def _join_or_warn(threads, double grace, str owner, doing, at=None, double waited=-1):

@@ -14,6 +14,8 @@
 # (stats().tune_reason); a failed trial asks the gauge (_gauge.pxi) whether its
 # threads took turns on the GIL. Publisher thread only.
 
+cdef int RECENT = 3   # windows at the current count a trial is measured against
+
 
 @cython.final
 cdef class _Tuner:
@@ -22,6 +24,7 @@ cdef class _Tuner:
 
     def __cinit__(self, int max_threads, double cpus):
         self.max_threads = max_threads
+        self.recent = []
         self.ceiling = max_threads
         self.cpus = cpus
         self.reason = ""
@@ -76,11 +79,10 @@ cdef class _Tuner:
                                                                       self.trial_low / self.trial_rate)
                 self.reason = "serialized" if serialized else "no gain"
                 return threads_before
-            self.n_recent = 0   # a new count: its own windows from now on
-            self._remember(rate)
+            self.recent = [rate]   # a new count: its own windows from now on
             self.reason = "growing"
             return threads
-        self._remember(rate)
+        self.recent = self.recent[1 - RECENT:] + [rate]
         if self.retry:
             self.retry -= 1
             if not self.retry:
@@ -91,7 +93,7 @@ cdef class _Tuner:
         if (waited > 0.1 and threads < self.ceiling and busy < self.cpus - 0.25
                 and (2 * threads <= self.cpus or io_like)):
             self.trial_from = threads
-            self.trial_rate = self._best_recent()
+            self.trial_rate = max(self.recent, default=0.0)
             self.trial_windows = 0
             self.reason = "growing"
             return min(self.ceiling, 2 * threads)
@@ -104,23 +106,6 @@ cdef class _Tuner:
             self.reason = "thread limit"
         # else: the last trial's reason, until its ceiling is lifted
         return threads
-
-    cdef void _remember(self, double rate):
-        """One more window at the current count (the oldest of RECENT goes)."""
-        cdef int i
-        if self.n_recent == RECENT:
-            for i in range(RECENT - 1):
-                self.recent[i] = self.recent[i + 1]
-            self.n_recent -= 1
-        self.recent[self.n_recent] = rate
-        self.n_recent += 1
-
-    cdef double _best_recent(self):
-        cdef int i
-        cdef double best = 0.0
-        for i in range(self.n_recent):
-            best = max(best, self.recent[i])
-        return best
 
     cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *:
         self.t0 = now
