@@ -251,7 +251,8 @@ cdef class _Gauge:
 
     cdef void restart(self, str what)
     cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
+                         tuple at_work) except -1
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
                       meter, tuple at_work) except -1
     cdef bint trial_failed(self, int tried, int kept, double speedup) except -1
@@ -335,7 +336,16 @@ cdef class _ThreadContext:
     cdef object reader
     cdef _Batch filling
     cdef Py_ssize_t filling_row
+    # What it is busy with, which its crew reads (_threads.pxi):
+    cdef object clock              # its CPU clock id (None: none), for the gauge
+    cdef object tid                # its kernel thread id (None: not started), for the gauge
+    cdef int64_t busy_since        # pf_now_ns() when its load began, 0 when idle
+    cdef object busy_key           # the key it loads
+    cdef int64_t woken_at          # waiting for work (WAITING), woken from that wait at
+                                   # pf_now_ns() and not yet running again (> 0), or neither (0)
+    cdef bint gone                 # its thread left (worker_init failed): ensure() replaces it
 
+    cdef void busy(self, key, int64_t since)
     cdef void enter(self)
     cdef void leave(self)
     cdef _BatchCopy batch_copy(self, _Pool pool, delivery)
@@ -496,27 +506,18 @@ cdef class _LoaderThreads:
     cdef object name               # the loader's: threads are "<name>-w<number>"
     cdef object _cv                # the stage's condition (re-entrant)
     cdef list _threads             # the threads close() joins
-    cdef list _gone                # per thread number: its thread has left (worker_init failed)
+    cdef list contexts             # per thread number: its _ThreadContext (a replacement's, once one left)
     cdef list _starters            # idents of the threads inside ensure()'s Thread.start()
     cdef bint _listed              # close() has taken the list of threads it joins
     cdef bint closed
-    cdef readonly int count        # thread numbers in use (started, or gone and replaced later)
     cdef int64_t load_ns           # time inside load(key), summed over threads (each adds its own)
-    cdef list busy_since           # per thread: pf_now_ns() when its load began, 0 when idle
-    cdef list woken_at             # per thread: waiting for work (WAITING), woken from that wait
-                                   # at pf_now_ns() and not yet running again (> 0), or neither (0)
     cdef int64_t ready_ns          # time from woken to running again, summed over threads
-    cdef list busy_key             # per thread: the key it loads
-    cdef list clocks               # per thread: its CPU clock id (None: none), for the gauge
-    cdef list tids                 # per thread: its kernel thread id (None: not started), for the gauge
 
     cdef void ensure(self, int n, _ThreadWork work) except *
-    cdef void gone(self, int wid)
-    cdef void busy(self, int wid, key, int64_t since)
     cdef void woken(self, int64_t now)
-    cdef int64_t wait_for_work(self, int wid) except -1
+    cdef int64_t wait_for_work(self, _ThreadContext t) except -1
     cdef int64_t at_work_ns(self, int64_t now)
-    cdef tuple at_work(self)
+    cdef tuple clocks_and_tids(self, bint at_work)
     cdef str describe(self)
     cdef void close(self, double grace) except *
 

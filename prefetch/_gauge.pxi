@@ -73,16 +73,17 @@ cdef class _Gauge:
         """The batch being taken closes a window."""
         return self.t0 == 0 or now - self.t0 >= GAUGE_WINDOW_NS
 
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1:
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
+                         tuple at_work) except -1:
         """Called when due(), when the tuner's window closes and when the
         thread count changed: ends the window at ``now`` (``busy_ns``: the
-        threads' total time at work so far, ``clocks``/``tids`` their
-        CPU clocks and kernel ids, ``at_work`` those of the threads at work
-        now, which a probe looks at) and starts the next one. A window of
-        another thread count than ``threads``, or under 10 ms, is dropped."""
+        threads' total time at work so far, ``threads_now`` their (CPU
+        clocks, kernel ids), ``at_work`` those of the threads at work now,
+        which a probe looks at) and starts the next one. A window of another
+        thread count than ``threads``, or under 10 ms, is dropped."""
         cdef double wall
         meter = _METER
-        cpu_s, runq_s, proc_s = meter.read(clocks, tids)
+        cpu_s, runq_s, proc_s = meter.read(*threads_now)
         if threads == self.threads and self.t0 != 0 and now - self.t0 >= GAUGE_WINDOW_NS // 5:
             wall = (now - self.t0) / 1e9
             figures = [(busy_ns - self.busy0) / 1e9 / wall, None, None, None]
