@@ -300,9 +300,7 @@ cdef class _Epochs:
 
     cdef void close(self):
         self.drop_after()
-        self.now.drop()
-        self.now = _EpochBatches(self.new_gen(), self.now.epoch, None, None)
-        self.cur = None
+        self.abandon(self.now)
 
     cdef _EpochBatches epoch_of(self, _Batch b):
         """The epoch ``b`` is of; None once that one is dropped."""

@@ -303,22 +303,7 @@ cdef tuple _children(object obj, int kind, object handler):
         if not lay.has_dict and not lay.slots:
             return (items, (obj, lay, m, keys, None, None))
         children = list(items)
-        names = None
-        if lay.has_dict:
-            state = PyObject_GenericGetDict(obj, NULL)
-            if state:
-                names = list((<dict>state).keys())
-                children.extend((<dict>state).values())
-        slots = None
-        if lay.slots:
-            slots = []
-            for name in lay.slots:
-                try:
-                    value = object.__getattribute__(obj, name)
-                except AttributeError:
-                    continue        # an unset slot (e.g. field(init=False)) stays unset
-                slots.append(name)
-                children.append(value)
+        names, slots = _state_of(obj, lay.has_dict, lay.slots, children)
         return (children, (obj, lay, m, keys, names, slots))
     if kind == K_STRUCTSEQ:
         # Its pickle form: (type, (visible items, {hidden field: value})).
@@ -364,16 +349,42 @@ cdef object _rebuild(int kind, object aux, list children):
                 new[k] = v
         elif isinstance(new, list):
             new[:] = children[:m]
-    d = m
+    _set_state(new, names, slots, children, m)
+    return new
+
+
+cdef tuple _state_of(object obj, bint has_dict, tuple slots, list values):
+    """``obj``'s instance state, appended to ``values``: its __dict__'s values
+    (where ``has_dict``), then each of ``slots`` that is set. Returns (the
+    dict's names, the slots set), each None where there are none."""
+    names = set_slots = None
+    if has_dict:
+        state = PyObject_GenericGetDict(obj, NULL)
+        if state:
+            names = list((<dict>state).keys())
+            values.extend((<dict>state).values())
+    if slots:
+        set_slots = []
+        for name in slots:
+            try:
+                value = object.__getattribute__(obj, name)
+            except AttributeError:
+                continue        # an unset slot (e.g. field(init=False)) stays unset
+            set_slots.append(name)
+            values.append(value)
+    return names, set_slots
+
+
+cdef void _set_state(object obj, names, set_slots, list values, Py_ssize_t at) except *:
+    """What _state_of read, set on ``obj`` from ``values[at:]``."""
     if names is not None:
         # Filled in place: PyObject_GenericSetDict loses the values on 3.13.0
         # (objects with inline values).
-        (<dict>PyObject_GenericGetDict(new, NULL)).update(zip(names, children[m:m + len(names)]))
-        d += len(names)
-    if slots is not None:
-        for name, v in zip(slots, children[d:]):
-            object.__setattr__(new, name, v)   # also on frozen dataclasses
-    return new
+        (<dict>PyObject_GenericGetDict(obj, NULL)).update(zip(names, values[at:at + len(names)]))
+        at += len(names)
+    if set_slots is not None:
+        for name, v in zip(set_slots, values[at:]):
+            object.__setattr__(obj, name, v)   # also on frozen dataclasses
 
 
 cdef object _unflatten(list nodes, list leaves):
