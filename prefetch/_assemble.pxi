@@ -18,11 +18,8 @@
 def assembly(int mode, collate, _Pool pool, delivery, name):
     """The assembly of a batching mode (a MapMode: the one place that reads
     it); it holds the loader's device ``delivery`` and closes it."""
-    if mode == M_STACK:
-        return _StackAssembly(pool, name, collate, delivery)
-    if mode == M_CUSTOM:
-        return _CustomAssembly(pool, name, collate, delivery)
-    return _SingleAssembly(pool, name, collate, delivery)
+    return {M_STACK: _StackAssembly, M_CUSTOM: _CustomAssembly, M_SINGLE: _SingleAssembly}[mode](
+        pool, name, collate, delivery)
 
 
 cdef class _Batch:

@@ -435,9 +435,8 @@ cdef object _layout_differs(tuple want, tuple got):
 
 cdef str _node_kind(object node):
     """A node of a sample's tree as a message names it: "a dict"."""
-    kind = (<tuple>node)[0]
-    return ("a tuple" if kind == K_TUPLE else "a list" if kind == K_LIST else "a dict" if kind == K_DICT
-            else f"a container of {(<tuple>node)[2]} items")
+    return {K_TUPLE: "a tuple", K_LIST: "a list", K_DICT: "a dict"}.get(
+        (<tuple>node)[0], f"a container of {(<tuple>node)[2]} items")
 
 
 cdef object _none_in(tuple none_side, tuple other, Py_ssize_t other_row):

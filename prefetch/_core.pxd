@@ -244,7 +244,7 @@ cdef class _Gauge:
     cdef double last_busy, last_par, last_cpu
     cdef bint last_open            # the last window called for a probe that did not tell
     cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
-    cdef object prober             # and the meter that probes them
+    cdef object prober             # and the call that probes them (a meter's probe)
     cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
@@ -254,7 +254,7 @@ cdef class _Gauge:
     cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
                          tuple at_work) except -1
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      meter, tuple at_work) except -1
+                      prober, tuple at_work) except -1
     cdef bint trial_failed(self, int tried, int kept, double speedup) except -1
     cdef _make_notice(self, int threads, double par, double wait_share, trial)
     cpdef object take_notice(self)

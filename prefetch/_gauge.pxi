@@ -92,7 +92,7 @@ cdef class _Gauge:
                 figures[3] = max(0.0, (proc_s - self.proc0) / wall - figures[1])
                 if runq_s is not None and self.runq0 is not None:
                     figures[2] = (runq_s - self.runq0) / wall
-            self._window(wall, threads, figures[0], figures[1], figures[2], figures[3], meter, at_work)
+            self._window(wall, threads, figures[0], figures[1], figures[2], figures[3], meter.probe, at_work)
         elif threads != self.threads:
             self.skip = 0   # the first judged window of a new count is probed
         self.t0 = now
@@ -106,11 +106,11 @@ cdef class _Gauge:
         ``others`` None where unknown), judged as after_batch() judges them,
         with ``probe`` the verdict a probe would give, or a meter whose
         probe() gives them (tests). True where the window was serialized."""
-        meter = probe if hasattr(probe, "probe") else _Verdict(probe)
-        return self._window(wall, threads, busy, cpu, runq, others, meter, ([None] * 2, [None] * 2))
+        prober = probe.probe if hasattr(probe, "probe") else lambda clocks, tids: probe
+        return self._window(wall, threads, busy, cpu, runq, others, prober, ([None] * 2, [None] * 2))
 
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      meter, tuple at_work) except -1:
+                      prober, tuple at_work) except -1:
         cdef double par = busy
         cdef double limit
         cdef bint serialized = False
@@ -122,7 +122,7 @@ cdef class _Gauge:
                 serialized = self.last_probe
             else:
                 # Two threads at work at least: a probe looks at threads waiting on each other.
-                verdict = meter.probe(*at_work) if len(at_work[0]) >= 2 else None
+                verdict = prober(*at_work) if len(at_work[0]) >= 2 else None
                 if verdict is not None:   # None: it could not tell (a thread found no CPU for long)
                     decided = True
                     self.last_probe = verdict
@@ -141,7 +141,7 @@ cdef class _Gauge:
         self.last_busy, self.last_par = busy, par
         self.last_open = judged and not decided
         self.last_cpu = cpu if judged else 0.0
-        self.at_work, self.prober = at_work, meter
+        self.at_work, self.prober = at_work, prober
         if serialized:
             self.ser_wall_s += wall
             self.ser_busy_s += busy * wall
@@ -168,7 +168,7 @@ cdef class _Gauge:
         if self.last_threads != tried:
             return False
         if self.last_open and len(self.at_work[0]) >= 2:
-            verdict = self.prober.probe(*self.at_work)
+            verdict = self.prober(*self.at_work)
             if verdict is not None:
                 self.probes += 1
                 self.probes_ser += verdict
@@ -219,16 +219,6 @@ cdef class _Gauge:
         """The gauge's fields of Stats."""
         return dict(load_parallelism=self.par_s / self.wall_s if self.wall_s else 0.0,
                     load_wait_share=self.wait_s / self.busy_s if self.busy_s else 0.0)
-
-
-class _Verdict:
-    """A probe that answers what a test says."""
-
-    def __init__(self, verdict):
-        self.verdict = verdict
-
-    def probe(self, clocks, tids):
-        return self.verdict
 
 
 cpdef bint judge(int threads, double busy, cpu, runq, others):
