@@ -37,16 +37,12 @@ cdef class _BatchCopy:
             with nogil:
                 pf_copier_fini(&self._copier)
 
-    cdef void detach(self):
-        """The pool is going away: a copy still running raises _Closing."""
-        self.plan._pool = NULL
-
     def close(self):
         """Once the threads that copy are stopped: the adapters' close hooks
         for what was copied (e.g. an engine sync: the memory behind dropped
         batches is returned), each once, then the copy threads, then the
         device delivery (a Prefetcher's: its one holder)."""
-        self.detach()
+        self.plan._pool = NULL   # the pool is going away: a copy still running raises _Closing
         closers = self.plan.closers
         while closers:
             closers.pop()()   # popped first: run once, even if interrupted

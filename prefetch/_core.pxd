@@ -206,7 +206,6 @@ cdef class _BatchCopy:
     cdef uint64_t leaves_handed
     cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
 
-    cdef void detach(self)
     cdef void copy(self, object item, _Parts parts) except *
     cdef void new_epoch(self)
 
@@ -379,7 +378,6 @@ cdef class _StackAssembly(_Assembly):
                  bint differs, object idx, int wid)
     cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why, int wid)
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid)
-    cdef size_t _keep_blocks(self, list cols)
 
 
 cdef class _OwningAssembly(_Assembly):
@@ -587,10 +585,11 @@ cdef class _MapEpoch(_Stage):
     cdef void _measure(self) except *
 
 
-cdef class _Publisher:
-    # The producer side of a _Core (_core.pyx): the ring, its slots and the one
-    # publisher thread that asks the stage (_stage.pxi) for batches, delivers
-    # them to the device and publishes them.
+@cython.final
+cdef class _Core:
+    # A stage's batches through a ring (_core.pyx). The producer side: the
+    # ring, its slots and the one publisher thread that asks the stage
+    # (_stage.pxi) for batches, delivers them to the device and publishes them.
     cdef pf_ring *_ring            # heap, cache-line aligned; NULL until created
     cdef _Stage _stage             # what this core publishes from
     cdef _Parts _parts             # what the stage fills, reused per batch
@@ -612,12 +611,7 @@ cdef class _Publisher:
     cdef uint64_t _consumed        # by the consumer
     cdef uint64_t _peak_fill
 
-    cdef int _apply_thread_states(self) except -1
-    cdef void _publish(self, object item, uint64_t nbytes, bint is_batch)
-
-
-cdef class _Core(_Publisher):
-    # A _Publisher with its consumer side, close() and stats (_core.pyx).
+    # The consumer side, close() and stats:
     cdef unsigned long _acquirer   # ident of the consumer waiting in pf_ring_acquire without the GIL; 0: none
     cdef object _consumer_lock     # held by the consumer that waits without the GIL
     cdef object _close_lock        # RLock: one close() tears down, the others wait for it
@@ -627,6 +621,8 @@ cdef class _Core(_Publisher):
     cdef uint64_t _failed          # batch errors the consumer took, the stream going on after them
     cdef int64_t _consumer_wait_ns
 
+    cdef int _apply_thread_states(self) except -1
+    cdef void _publish(self, object item, uint64_t nbytes, bint is_batch)
     cpdef object take(self, object timeout=*)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
     cdef _check_usable(self)

@@ -39,10 +39,8 @@ from posix.unistd cimport read as c_read
 import dataclasses
 import functools
 import operator
-import sys
 import threading
 import time
-import warnings
 import weakref
 from copy import copy as _shallow_copy
 
@@ -122,10 +120,13 @@ def _fork_epoch():
     return pf_fork_epoch()
 
 
-cdef class _Publisher:
-    """The producer side of a _Core: the ring, its slots and the one publisher
+@cython.final
+cdef class _Core:
+    """A stage's batches through a ring: its producer side, the one publisher
     thread, which asks the stage for each batch, delivers it to the device and
-    publishes it. The consumer side, close() and stats are _Core's."""
+    publishes it; its consumer side, take() by any thread (several are served
+    in turn); close() from any thread; stats. The threads reference only this
+    object and its stage, never the object the user holds."""
 
     def __cinit__(self, _Stage stage not None, *, int depth, uint64_t max_bytes, name,
                   _Pool pool not None, str kind="prefetcher"):
@@ -144,6 +145,8 @@ cdef class _Publisher:
         self._slots = [None] * depth
         self._warnings = []
         self._doing = DOING_START
+        self._consumer_lock = threading.Lock()
+        self._close_lock = threading.RLock()
         self._ring = self._parts.ring = pf_ring_new(depth, max_bytes, -1, &rc)
         _check_rc(rc, "the ring")
 
@@ -253,17 +256,6 @@ cdef class _Publisher:
 
     def _doing_text(self, thread=None):
         return self._stage.doing() if self._doing == DOING_STAGE else _DOING[self._doing]
-
-
-@cython.final
-cdef class _Core(_Publisher):
-    """A _Publisher with its consumer side: take() by any thread (several are
-    served in turn), close() from any thread, stats. The threads reference only
-    this object and its stage, never the object the user holds."""
-
-    def __cinit__(self, *args, **kwargs):
-        self._consumer_lock = threading.Lock()
-        self._close_lock = threading.RLock()
 
     # -- consumer -----------------------------------------------------------
 

@@ -64,7 +64,10 @@ cdef class _StackAssembly(_Assembly):
                         b.min_filled = row
                         b.cols = cols
                         first = True
-                        layout_bytes = self._keep_blocks(cols)
+                        # The pool keeps blocks for the batches in flight as big as the largest so far.
+                        layout_bytes = sum(cnp.PyArray_NBYTES(<cnp.ndarray>(<_Column>c).out) for c in cols
+                                           if (<_Column>c).kind != C_LIST and isinstance((<_Column>c).out, cnp.ndarray))
+                        self.pool.keep_for(self.keep_batches, layout_bytes)
             ref = b.nodes
             cols = b.cols
             if not first and _tree_differs(ref, nodes) >= 0:
@@ -182,14 +185,4 @@ cdef class _StackAssembly(_Assembly):
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid):
         """Fails ``b`` with a ValueError naming ``row``'s sample (found by thread ``wid``)."""
         self.fail(b, row, wid, ValueError(why or "the sample differs from the batch's first sample"), "collating")
-
-    cdef size_t _keep_blocks(self, list cols):
-        """The bytes of a batch laid out in ``cols``; the pool keeps blocks for
-        the batches in flight as big as the largest so far."""
-        cdef size_t nbytes = 0
-        for col in cols:
-            if (<_Column>col).kind != C_LIST and isinstance((<_Column>col).out, cnp.ndarray):
-                nbytes += <size_t>cnp.PyArray_NBYTES(<cnp.ndarray>(<_Column>col).out)
-        self.pool.keep_for(self.keep_batches, nbytes)
-        return nbytes
 

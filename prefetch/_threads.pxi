@@ -3,7 +3,8 @@
 # Each runs _run against a small interface, _ThreadWork, that the map stage
 # implements: claim a row, load its sample, hand it on (loaded, or failed),
 # done; until the work closes. The threads count their own time inside
-# load(); they hold the work, the work holds them, nothing else does. They are started, and a thread whose worker_init failed is replaced, with no
+# load(); they hold the work, the work holds them, nothing else does. They
+# are started, and a thread whose worker_init failed is replaced, with no
 # lock held: Thread.start() waits for the new thread, and the main thread runs
 # signal handlers meanwhile (a SIGTERM handler may call close()). The stage's
 # condition carries the handshake with close(): no thread starts unjoined
