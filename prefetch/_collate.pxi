@@ -32,9 +32,6 @@ cdef enum ColKind:
 cdef class _Column:
     """One leaf position of a batch: its block (or list) and what every sample's leaf must be."""
 
-    cdef object result(self):
-        return self.out if self.from_numpy is None else self.from_numpy(self.out)
-
 
 cdef dict _BUILTIN_NUMBER_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int64),
                                     float: np.dtype(np.float64), complex: np.dtype(np.complex128)}

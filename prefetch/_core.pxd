@@ -188,8 +188,6 @@ cdef class _Column:
     cdef char *data            # C_ARRAY: the block
     cdef size_t row_nbytes
 
-    cdef object result(self)
-
 
 @cython.final
 cdef class _BatchCopy:
@@ -217,7 +215,7 @@ cdef class _FetchStage(_Stage):
     cdef object name
     cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
     cdef bint _stopped             # stop() ran
-    cdef int _doing
+    cdef str _doing                # what it does, for a TimeoutError
     cdef uint64_t _fetched         # batches fetched, for the error note
 
 
@@ -254,7 +252,7 @@ cdef class _Gauge:
                          tuple at_work) except -1
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
                       prober, tuple at_work) except -1
-    cdef bint trial_failed(self, int tried, int kept, double speedup) except -1
+    cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1
     cdef _make_notice(self, int threads, double par, double wait_share, trial)
     cpdef object take_notice(self)
 
@@ -280,7 +278,7 @@ cdef class _Tuner:
     cdef void restart(self)
     cdef bint due(self, int64_t now)
     cdef int after_batch(self, int threads, uint64_t samples, int64_t wait_ns, _Gauge gauge) except -1
-    cdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
+    cpdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
     cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *
 
 

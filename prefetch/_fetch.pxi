@@ -6,21 +6,6 @@
 # the next call. A source that forks leaves its child on this thread's stack:
 # there the stage stops and touches nothing of the parent's.
 
-cdef enum Fetching:
-    F_START
-    F_NEXT
-    F_ROOM
-    F_COPY
-    F_DONE
-
-_FETCHING = {
-    F_START: "starting",
-    F_NEXT: "waiting in next(source)",
-    F_ROOM: "waiting for room under max_bytes",
-    F_COPY: "copying",
-    F_DONE: "finished",
-}
-
 
 @cython.final
 cdef class _FetchStage(_Stage):
@@ -29,6 +14,7 @@ cdef class _FetchStage(_Stage):
         self.source = source
         self.batch_copy = batch_copy
         self.name = name
+        self._doing = "starting"
         batch_copy.new_epoch()
         self._fork_epoch = pf_fork_epoch()
 
@@ -37,7 +23,7 @@ cdef class _FetchStage(_Stage):
 
     cdef int produce(self, _Parts parts) except -1:
         cdef uint64_t nbytes = 0
-        self._doing = F_NEXT
+        self._doing = "waiting in next(source)"
         try:
             item = next(self.source)
         except (StopIteration, GeneratorExit):
@@ -59,11 +45,11 @@ cdef class _FetchStage(_Stage):
             if parts.max_bytes:
                 # Room for its bytes before it is copied, not on top of a full ring;
                 # again after, for leaves whose size only their copy told.
-                self._doing = F_ROOM
+                self._doing = "waiting for room under max_bytes"
                 nbytes = _tree_nbytes(item)
                 if not parts.room(nbytes):
                     return P_STOPPED
-            self._doing = F_COPY
+            self._doing = "copying"
             self.batch_copy.copy(item, parts)
             if parts.max_bytes and parts.nbytes > nbytes and not parts.room(parts.nbytes):
                 return P_STOPPED
@@ -83,11 +69,11 @@ cdef class _FetchStage(_Stage):
         self._stopped = True
 
     def finish(self):
-        self._doing = F_DONE
+        self._doing = "finished"
         self.source = None   # the source's last batch is not kept alive
 
     def doing(self):
-        return _FETCHING[self._doing]
+        return self._doing
 
     def counts(self):
         return self.batch_copy.counts()

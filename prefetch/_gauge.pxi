@@ -157,7 +157,7 @@ cdef class _Gauge:
                 self._make_notice(threads, par, 1.0 - self.ser_par_s / self.ser_busy_s, None)
         return serialized
 
-    cdef bint trial_failed(self, int tried, int kept, double speedup) except -1:
+    cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1:
         """workers="auto" tried ``tried`` threads and goes back to ``kept``: ``speedup`` is the measured rate over the
         rate before. True when the threads took turns on the GIL in that trial:
         its last window was serialized (the notice is made). Where that window
@@ -179,10 +179,6 @@ cdef class _Gauge:
             return False
         self._make_notice(tried, self.last_par, 1.0 - self.last_par / self.last_busy, (kept, speedup))
         return True
-
-    def trial(self, int tried, int kept, double speedup):
-        """trial_failed() (tests)."""
-        return self.trial_failed(tried, kept, speedup)
 
     cdef _make_notice(self, int threads, double par, double wait_share, trial):
         if self.noticed or self.cpus < 2:

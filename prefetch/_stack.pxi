@@ -95,7 +95,8 @@ cdef class _StackAssembly(_Assembly):
         objects stay on the host."""
         cdef _StackBatch b = <_StackBatch>batch
         parts.nodes = b.nodes
-        parts.leaves = [(<_Column>c).result() for c in b.cols]
+        parts.leaves = [(<_Column>c).out if (<_Column>c).from_numpy is None
+                        else (<_Column>c).from_numpy((<_Column>c).out) for c in b.cols]
         parts.deliver = [i for i in range(len(b.cols)) if (<_Column>b.cols[i]).kind != C_LIST]
         parts.nbytes = b.held
 

@@ -56,11 +56,7 @@ cdef class _Tuner:
         self._new_window(now, samples, wait_ns)
         return self.decide(threads, rate, waited, busy, gauge)
 
-    def window(self, int threads, double rate, double waited, double busy):
-        """decide() for one window's figures, without a gauge (tests)."""
-        return self.decide(threads, rate, waited, busy, None)
-
-    cdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1:
+    cpdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1:
         """The count after a window at ``threads`` that loaded ``rate``
         samples/s while the publisher waited ``waited`` of the time and the
         process used ``busy`` CPUs; ``gauge`` (or None) judges a failed trial."""
