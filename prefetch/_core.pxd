@@ -603,7 +603,7 @@ cdef class _Core:
     cdef readonly str kind         # "prefetcher" or "loader", for messages
     cdef readonly int depth
     cdef readonly bint closed
-    cdef int _doing                # what the publisher does, for TimeoutError and close()
+    cdef tuple _doing              # what the publisher does (a DOING_...), for TimeoutError and close()
     # counters (each written by one thread, read under the GIL)
     cdef uint64_t _produced        # by the publisher
     cdef uint64_t _consumed        # by the consumer

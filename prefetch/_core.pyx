@@ -78,29 +78,14 @@ include "_threads.pxi"
 include "_map.pxi"
 
 
-cdef enum Doing:
-    DOING_START
-    DOING_ROOM
-    DOING_STAGE
-    DOING_DELIVER
-    DOING_REBUILD
-    DOING_DONE
-
-# What the publisher is doing: for a TimeoutError ("it is ...") and for the
-# note of an error raised there ("while ... batch N").
-_DOING = {
-    DOING_START: "starting",
-    DOING_ROOM: "waiting for room in the ring",
-    DOING_DELIVER: "delivering to the device",
-    DOING_REBUILD: "rebuilding a batch",
-    DOING_DONE: "finished",
-}
-# What the publisher was doing to a batch whose error it publishes (_note_batch).
-_FAILED_WHILE = {
-    DOING_STAGE: "assembling {batch}",
-    DOING_DELIVER: "delivering {batch} to the device",
-    DOING_REBUILD: "rebuilding {batch} with a registered container's unflatten",
-}
+# What the publisher is doing: (for a TimeoutError and close(), "it is ...";
+# for the note of an error raised there, "while ..."). The stage's: its doing().
+cdef tuple DOING_START = ("starting", None)
+cdef tuple DOING_ROOM = ("waiting for room in the ring", None)
+cdef tuple DOING_STAGE = (None, "assembling {batch}")
+cdef tuple DOING_DELIVER = ("delivering to the device", "delivering {batch} to the device")
+cdef tuple DOING_REBUILD = ("rebuilding a batch", "rebuilding {batch} with a registered container's unflatten")
+cdef tuple DOING_DONE = ("finished", None)
 
 cdef object _END = object()        # the slot after the last batch
 cdef Py_ssize_t _live_cores = 0    # _Core objects not yet deallocated
@@ -203,7 +188,7 @@ cdef class _Core:
                     parts.clear()
                     if not self.closed:
                         self._publish(_Failure(_note_batch(
-                            exc, "in " + _publisher_name(self.kind, self.name), _FAILED_WHILE[self._doing],
+                            exc, "in " + _publisher_name(self.kind, self.name), self._doing[1],
                             self._produced + 1, True)), 0, False)
                     return
                 if got == P_STOPPED:
@@ -255,7 +240,7 @@ cdef class _Core:
             self._peak_fill = fill
 
     def _doing_text(self, thread=None):
-        return self._stage.doing() if self._doing == DOING_STAGE else _DOING[self._doing]
+        return self._stage.doing() if self._doing is DOING_STAGE else self._doing[0]
 
     # -- consumer -----------------------------------------------------------
 

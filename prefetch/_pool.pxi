@@ -8,9 +8,6 @@
 # blocks come back from any thread.
 
 cdef class _Block:
-    def __cinit__(self):
-        self.blk = NULL
-
     def __dealloc__(self):
         if self.blk != NULL:
             pf_pool_put(self.blk)
