@@ -606,7 +606,7 @@ cdef class _Core:
     cdef tuple _doing              # what the publisher does (a DOING_...), for TimeoutError and close()
     # counters (each written by one thread, read under the GIL)
     cdef uint64_t _produced        # by the publisher
-    cdef uint64_t _consumed        # by the consumer
+    cdef readonly uint64_t consumed   # batches the consumer has taken
     cdef uint64_t _peak_fill
 
     # The consumer side, close() and stats:
@@ -614,9 +614,9 @@ cdef class _Core:
     cdef object _consumer_lock     # held by the consumer that waits without the GIL
     cdef object _close_lock        # RLock: one close() tears down, the others wait for it
     cdef bint _torn_down           # close() finished: the thread joined (or warned about)
-    cdef bint _ended               # the consumer saw the end (or the error)
+    cdef readonly bint ended       # the consumer saw the end of the stream (or its error)
     cdef bint _replaced            # closed because its owner started a newer epoch
-    cdef uint64_t _failed          # batch errors the consumer took, the stream going on after them
+    cdef readonly uint64_t failed  # batch errors the consumer took, the stream going on after each
     cdef int64_t _consumer_wait_ns
 
     cdef int _apply_thread_states(self) except -1

@@ -235,7 +235,7 @@ cdef class _Core:
         if is_batch:
             self._produced += 1
         pf_ring_publish(self._ring, nbytes)
-        fill = self._produced - self._consumed
+        fill = self._produced - self.consumed
         if fill > self._peak_fill:
             self._peak_fill = fill
 
@@ -259,7 +259,7 @@ cdef class _Core:
         cdef uint64_t slot = 0
         cdef uint64_t nbytes
         self._check_usable()
-        if self._ended:
+        if self.ended:
             raise StopIteration
         if self._warnings:
             _warn.deliver(self._warnings)   # at the user's line; nothing is taken yet
@@ -272,16 +272,16 @@ cdef class _Core:
         self._slots[slot] = None
         nbytes = pf_ring_release(self._ring)
         if item is _END:
-            self._ended = True
+            self.ended = True
             raise StopIteration
         if type(item) is _Failure:
             if (<_Failure>item).ends:
-                self._ended = True
+                self.ended = True
             else:
-                self._failed += 1
+                self.failed += 1
                 self._stage.taken(0)   # in the place of its batch: counted as taken
             raise (<_Failure>item).exc
-        self._consumed += 1
+        self.consumed += 1
         self._stage.taken(nbytes)
         return item
 
@@ -322,7 +322,7 @@ cdef class _Core:
         lock = self._consumer_lock
         while not lock.acquire(True, WAIT_SLICE_S):   # releases the GIL while it waits
             PyErr_CheckSignals()
-            if self._ended:
+            if self.ended:
                 # Another consumer took the end; the next epoch may have closed this core since.
                 raise StopIteration
             if self.closed:
@@ -332,7 +332,7 @@ cdef class _Core:
                                    "another thread was waiting for one")
         self._acquirer = PyThread_get_thread_ident()
         try:
-            if self._ended:
+            if self.ended:
                 raise StopIteration   # another consumer thread took the end meanwhile
             while True:
                 wait_ns = WAIT_SLICE_NS
@@ -352,7 +352,7 @@ cdef class _Core:
                     if self.closed:   # by that signal's handler
                         raise self._closed_while_waiting()
                     return slot
-                if self._ended:
+                if self.ended:
                     raise StopIteration   # another consumer thread took the end
                 if rc != PF_ETIMEDOUT and rc != PF_EAGAIN:   # EAGAIN: the deadline had passed
                     _check_ring(rc, "waiting for a batch")
@@ -437,10 +437,10 @@ cdef class _Core:
         cdef pf_pool_stats ps = (<_Pool>self._pool).stats()
         counts = dict(
             produced=self._produced,
-            consumed=self._consumed,
+            consumed=self.consumed,
             consumer_wait_s=self._consumer_wait_ns / 1e9,
             producer_wait_s=self._parts.wait_ns / 1e9,
-            fill=self._produced - self._consumed if not self.closed else 0,
+            fill=self._produced - self.consumed if not self.closed else 0,
             peak_fill=self._peak_fill,
             depth=self.depth,
             blocks_allocated=ps.blocks_allocated,
@@ -455,28 +455,13 @@ cdef class _Core:
 
     @property
     def fill(self):
-        return self._produced - self._consumed if not self.closed else 0
-
-    @property
-    def consumed(self):
-        """Batches the consumer has taken."""
-        return self._consumed
-
-    @property
-    def failed(self):
-        """Batch errors the consumer has taken, the stream going on after each."""
-        return self._failed
-
-    @property
-    def ended(self):
-        """The consumer saw the end of the stream (or its error)."""
-        return self._ended
+        return self._produced - self.consumed if not self.closed else 0
 
     @property
     def state(self):
         if self.closed:
             return "closed"
-        if self._ended:
+        if self.ended:
             return "ended"
         return "running"
 
