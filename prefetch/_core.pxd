@@ -450,7 +450,7 @@ cdef class _Ahead:
     cdef Py_ssize_t lookahead      # batches opened and not consumed, at most; 0: no cap
     cdef Py_ssize_t n_consumed     # batches of the epoch the consumer has taken
 
-    cdef void new_epoch(self)
+    cdef void new_epoch(self, uint64_t held)
     cdef bint bounded(self)
     cdef bint has_room(self, Py_ssize_t next_k, Py_ssize_t open_now)
     cdef void hold(self, _Batch b)

@@ -127,10 +127,7 @@ cdef object _layout(type t, type builtin):
         if not _is_python_class(c) or c is builtin:
             solid = c
             break
-    if solid is builtin:
-        lay.base = {object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin]
-    else:
-        lay.base = B_COPY
+    lay.base = {object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin] if solid is builtin else B_COPY
     lay.has_dict = t.__dictoffset__ != 0
     lay.slots = _slot_names(t)
     return None if lay.slots is None else lay
