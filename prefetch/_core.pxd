@@ -591,7 +591,7 @@ cdef class _Core:
     cdef pf_ring *_ring            # heap, cache-line aligned; NULL until created
     cdef _Stage _stage             # what this core publishes from
     cdef _Parts _parts             # what the stage fills, reused per batch
-    cdef object _pool              # the owner's _Pool: stats only (the owner closes it)
+    cdef _Pool _pool               # the owner's: stats only (the owner closes it)
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef unsigned _epoch           # pf_fork_epoch() at creation
     cdef list _slots               # depth entries: batch, _Failure or _END

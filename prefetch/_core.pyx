@@ -434,20 +434,19 @@ cdef class _Core:
 
     def stats(self):
         """The core's and its stage's fields of Stats, as a dict."""
-        cdef pf_pool_stats ps = (<_Pool>self._pool).stats()
-        counts = dict(
+        cdef pf_pool_stats ps = self._pool.stats()
+        return dict(
             produced=self._produced,
             consumed=self.consumed,
             consumer_wait_s=self._consumer_wait_ns / 1e9,
             producer_wait_s=self._parts.wait_ns / 1e9,
-            fill=self._produced - self.consumed if not self.closed else 0,
+            fill=self.fill,
             peak_fill=self._peak_fill,
             depth=self.depth,
             blocks_allocated=ps.blocks_allocated,
             blocks_reused=ps.blocks_reused,
+            **self._stage.counts(),
         )
-        counts.update(self._stage.counts())
-        return counts
 
     @property
     def workers(self):
