@@ -46,10 +46,10 @@ cdef class _Tuner:
         if self.t0 == 0:
             self._new_window(now, samples, wait_ns)
             return threads
-        self.batches += 1
-        elapsed = now - self.t0
-        if self.batches < 3 or elapsed < 50 * 1000 * 1000:
+        if not self.due(now):
+            self.batches += 1
             return threads
+        elapsed = now - self.t0
         rate = (samples - self.samples0) / (elapsed / 1e9)
         waited = (wait_ns - self.wait0) / <double>elapsed
         busy = (time.process_time() - self.cpu0) / (elapsed / 1e9)
