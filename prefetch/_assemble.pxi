@@ -18,11 +18,8 @@
 def assembly(int mode, collate, _Pool pool, delivery, name):
     """The assembly of a batching mode (a MapMode: the one place that reads
     it); it holds the loader's device ``delivery`` and closes it."""
-    if mode == M_STACK:
-        return _StackAssembly(pool, name, collate, delivery)
-    if mode == M_CUSTOM:
-        return _CustomAssembly(pool, name, collate, delivery)
-    return _SingleAssembly(pool, name, collate, delivery)
+    return {M_STACK: _StackAssembly, M_CUSTOM: _CustomAssembly, M_SINGLE: _SingleAssembly}[mode](
+        pool, name, collate, delivery)
 
 
 cdef class _Batch:
@@ -65,20 +62,12 @@ cdef class _Assembly:
 
     def counts(self):
         """The assembly's fields of Stats."""
-        return dict(bytes_collated=0, bytes_copied=0, leaves_copied=0, bytes_handed_over=0,
-                    leaves_handed_over=0)
+        return dict.fromkeys(("bytes_collated",) + _COPY_FIGURES, 0)
 
     def close(self):
         """Once the threads are stopped: the device delivery."""
         if self.delivery is not None:
             self.delivery.close()
-
-    cdef void keep_for(self, size_t nbytes):
-        """The pool keeps free blocks for ``keep_batches`` batches of up to
-        ``nbytes`` (the largest so far): a steady state allocates nothing."""
-        if nbytes > self.max_block_bytes:
-            self.max_block_bytes = nbytes
-            _keep_for(self.pool.p, self.keep_batches, nbytes)
 
     cdef void fail(self, _Batch b, Py_ssize_t row, int wid, exc, str what) except *:
         """Row ``row`` of ``b`` failed with ``exc`` (its note added): the batch
@@ -102,6 +91,7 @@ cdef class _OwningAssembly(_Assembly):
     def __cinit__(self, _Pool pool, name, collate, delivery):
         self.collate = collate
         self.closers = set()
+        self.new_epoch()
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen):
         return _OwnedBatch.__new__(_OwnedBatch, k, keys, gen)
@@ -112,18 +102,13 @@ cdef class _OwningAssembly(_Assembly):
         b.parts = None
         parts.nodes, parts.leaves, parts.deliver, parts.nbytes = own.nodes, own.leaves, own.deliver, own.nbytes
         # Its copy counts for the epoch it is taken in, as the core's counters.
-        self.own_bytes_copied += b.bytes_copied
-        self.own_bytes_handed += b.bytes_handed
-        self.own_leaves_copied += b.leaves_copied
-        self.own_leaves_handed += b.leaves_handed
+        self.copied = [x + y for x, y in zip(self.copied, b.copied)]
 
     cdef void new_epoch(self):
-        self.own_bytes_copied = self.own_leaves_copied = 0
-        self.own_bytes_handed = self.own_leaves_handed = 0
+        self.copied = [0, 0, 0, 0]
 
     def counts(self):
-        return dict(bytes_collated=0, bytes_copied=self.own_bytes_copied, leaves_copied=self.own_leaves_copied,
-                    bytes_handed_over=self.own_bytes_handed, leaves_handed_over=self.own_leaves_handed)
+        return dict(zip(_COPY_FIGURES, self.copied), bytes_collated=0)
 
     def close(self):
         """The adapters' close hooks, each once."""
@@ -148,13 +133,10 @@ cdef class _OwningAssembly(_Assembly):
         copy.copy(item, parts)
         b.parts = parts
         copied = plan.nbytes - plan.handed_bytes   # adapters add to nbytes what they copy
-        b.bytes_copied = copied
-        b.bytes_handed = plan.handed_bytes
-        b.leaves_copied = plan.copied_leaves
-        b.leaves_handed = plan.handed_leaves
+        b.copied = (copied, plan.handed_bytes, plan.copied_leaves, plan.handed_leaves)
         if plan.closers:
             self.closers |= plan.closers
-        self.keep_for(copied)
+        self.pool.keep_for(self.keep_batches, copied)   # a steady state allocates nothing
         return parts.nbytes
 
 

@@ -7,12 +7,17 @@
 # per epoch, one epoch at a time; the copy threads persist across epochs), or
 # one loader thread (its own). Its owner closes it once, after the threads.
 
+# The copy figures of Stats, in this order wherever they travel together.
+_COPY_FIGURES = ("bytes_copied", "bytes_handed_over", "leaves_copied", "leaves_handed_over")
+
+
 @cython.final
 cdef class _BatchCopy:
 
     def __cinit__(self, _Pool pool, int workers, bint handover, delivery, size_t keep_batches):
         self.plan = CopyPlan.__new__(CopyPlan)
         self.plan._pool = pool.p
+        self.pool = pool
         self.plan.device = delivery
         self.workers = workers
         self._handover = handover
@@ -32,16 +37,12 @@ cdef class _BatchCopy:
             with nogil:
                 pf_copier_fini(&self._copier)
 
-    cdef void detach(self):
-        """The pool is going away: a copy still running raises _Closing."""
-        self.plan._pool = NULL
-
     def close(self):
         """Once the threads that copy are stopped: the adapters' close hooks
         for what was copied (e.g. an engine sync: the memory behind dropped
         batches is returned), each once, then the copy threads, then the
         device delivery (a Prefetcher's: its one holder)."""
-        self.detach()
+        self.plan._pool = NULL   # the pool is going away: a copy still running raises _Closing
         closers = self.plan.closers
         while closers:
             closers.pop()()   # popped first: run once, even if interrupted
@@ -69,16 +70,13 @@ cdef class _BatchCopy:
         self.bytes_handed += plan.handed_bytes
         self.leaves_copied += plan.copied_leaves
         self.leaves_handed += plan.handed_leaves
-        if copied > self._max_batch_bytes and self._keep_batches:
-            # For the ring, the batch being filled and a few the user holds.
-            self._max_batch_bytes = copied
-            _keep_for(plan._pool, self._keep_batches, copied)
+        if self._keep_batches:   # for the ring, the batch being filled and a few the user holds
+            self.pool.keep_for(self._keep_batches, copied)
 
     cdef void new_epoch(self):
         """The counters count one epoch, as the core's batch counters do."""
         self.bytes_copied = self.bytes_handed = self.leaves_copied = self.leaves_handed = 0
 
     def counts(self):
-        return dict(bytes_copied=self.bytes_copied, bytes_handed_over=self.bytes_handed,
-                    leaves_copied=self.leaves_copied, leaves_handed_over=self.leaves_handed,
-                    workers=self.workers)
+        return dict(zip(_COPY_FIGURES, (self.bytes_copied, self.bytes_handed, self.leaves_copied,
+                                        self.leaves_handed)), workers=self.workers)

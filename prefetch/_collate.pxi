@@ -32,24 +32,16 @@ cdef enum ColKind:
 cdef class _Column:
     """One leaf position of a batch: its block (or list) and what every sample's leaf must be."""
 
-    cdef object result(self):
-        return self.out if self.from_numpy is None else self.from_numpy(self.out)
+
+cdef dict _BUILTIN_NUMBER_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int64),
+                                    float: np.dtype(np.float64), complex: np.dtype(np.complex128)}
 
 
 cdef object _number_dtype(object leaf):
     """The dtype of a column of these numbers, or None when ``leaf`` is no number."""
-    t = type(leaf)
-    if t is bool:
-        return np.dtype(np.bool_)
-    if t is int:
-        return np.dtype(np.int64)
-    if t is float:
-        return np.dtype(np.float64)
-    if t is complex:
-        return np.dtype(np.complex128)
     if isinstance(leaf, (np.number, np.bool_)):
         return leaf.dtype
-    return None
+    return _BUILTIN_NUMBER_DTYPES.get(type(leaf))
 
 
 cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
@@ -427,12 +419,9 @@ cdef object _layout_differs(tuple want, tuple got):
     a batch laid out as ``want``, or None when it fits."""
     cdef list wnodes = want[0], gnodes = got[0], wdesc = want[1], gdesc = got[1]
     cdef Py_ssize_t j
-    if _tree_differs(wnodes, gnodes) >= 0:
-        idx = _align(wnodes, gnodes)
-        if type(idx) is str:
-            return idx
-    else:
-        idx = range(len(wdesc))
+    idx = _align(wnodes, gnodes)
+    if type(idx) is str:
+        return idx
     for j in range(len(wdesc)):
         w = <tuple>wdesc[j]
         g = <tuple>gdesc[idx[j]]
@@ -443,9 +432,8 @@ cdef object _layout_differs(tuple want, tuple got):
 
 cdef str _node_kind(object node):
     """A node of a sample's tree as a message names it: "a dict"."""
-    kind = (<tuple>node)[0]
-    return ("a tuple" if kind == K_TUPLE else "a list" if kind == K_LIST else "a dict" if kind == K_DICT
-            else f"a container of {(<tuple>node)[2]} items")
+    return {K_TUPLE: "a tuple", K_LIST: "a list", K_DICT: "a dict"}.get(
+        (<tuple>node)[0], f"a container of {(<tuple>node)[2]} items")
 
 
 cdef object _none_in(tuple none_side, tuple other, Py_ssize_t other_row):
@@ -470,26 +458,6 @@ cdef object _none_in(tuple none_side, tuple other, Py_ssize_t other_row):
         if (<tuple>nd[j])[0] is NoneType and (<tuple>od[j])[0] is not NoneType:
             return f"{_leaf_path(nn, j)} is None, {where} {kind_of((<tuple>od[j])[0])}"
     return None
-
-
-cdef list _node_paths(list nodes, str root):
-    """How each preorder node is reached from the root: root[0]['x'].name."""
-    cdef list out = []
-    cdef list stack = []           # [node index, children seen, its path]
-    cdef Py_ssize_t i
-    for i in range(len(nodes)):
-        while stack and stack[len(stack) - 1][1] == nodes[stack[len(stack) - 1][0]][2]:
-            stack.pop()
-        if stack:
-            top = stack[len(stack) - 1]
-            here = top[2] + _label(nodes[top[0]], top[1])
-            top[1] += 1
-        else:
-            here = root
-        out.append(here)
-        if nodes[i] is not None and nodes[i][2]:
-            stack.append([i, 0, here])
-    return out
 
 
 cdef str _leaf_path(list nodes, Py_ssize_t leaf):

@@ -203,23 +203,10 @@ cdef class CopyPlan(_LeafSink):
                 f"prefetch cannot copy {article(t.__module__)}.{t.__qualname__} array: a subclass "
                 f"attribute shadows one of its __slots__, so its state cannot be copied by name; "
                 f"tell prefetch how with prefetch.register_leaf({t.__qualname__}, copy)")
-        state = PyObject_GenericGetDict(out, NULL) if t.__dictoffset__ != 0 else None
-        names = [] if state is None else list((<dict>state).keys())
-        values = [] if state is None else list((<dict>state).values())
-        set_slots = []
-        for name in slots:
-            try:
-                values.append(object.__getattribute__(out, name))
-            except AttributeError:
-                continue            # an unset slot stays unset
-            set_slots.append(name)
-        if not values:
-            return
-        values = self.copy_state(values, a, out)
-        if names:
-            (<dict>state).update(zip(names, values))
-        for name, value in zip(set_slots, values[len(names):]):
-            object.__setattr__(out, name, value)
+        values = []
+        names, set_slots = _state_of(out, t.__dictoffset__ != 0, slots, values)
+        if values:
+            _set_state(out, names, set_slots, self.copy_state(values, a, out), 0)
 
     cdef void _add_job(self, void *dst, const void *src, size_t nbytes) except *:
         cdef pf_copy_job *grown
@@ -270,6 +257,18 @@ cdef size_t _leaf_nbytes(object leaf):
         return max(0, int(getattr(leaf, "nbytes", 0)))
     except Exception:
         return 0
+
+
+cdef uint64_t _tree_nbytes(object tree) except? 0xFFFFFFFFFFFFFFFF:
+    """The bytes a copy of ``tree`` holds, known before it is made: its arrays'
+    and its registered leaves' that have ``nbytes`` (others count 0)."""
+    cdef list leaves = []
+    cdef uint64_t total = 0
+    _flatten(tree, _AS_IS, leaves)
+    for leaf in leaves:
+        total += <uint64_t>cnp.PyArray_NBYTES(<cnp.ndarray>leaf) if isinstance(leaf, cnp.ndarray) \
+            else _leaf_nbytes(leaf)
+    return total
 
 
 def _walk(tree, Py_ssize_t times=1):

@@ -13,8 +13,6 @@ cdef extern from "pf_sync.h" nogil:
         PF_ETIMEDOUT
         PF_ECLOSED
         PF_ENOMEM
-        PF_EINVAL
-        PF_ESYS
     int64_t pf_now_ns()
     unsigned pf_fork_epoch()
 
@@ -28,7 +26,6 @@ cdef extern from "pf_ring.h" nogil:
     void pf_ring_publish(pf_ring *r, uint64_t nbytes)
     int pf_ring_acquire(pf_ring *r, int64_t timeout_ns, uint64_t *slot)
     uint64_t pf_ring_release(pf_ring *r)
-    uint64_t pf_ring_fill(pf_ring *r)
     void pf_ring_close(pf_ring *r)
 
 
@@ -41,9 +38,6 @@ cdef extern from "pf_pool.h" nogil:
     ctypedef struct pf_pool_stats:
         uint64_t blocks_allocated
         uint64_t blocks_reused
-        uint64_t blocks_freed
-        uint64_t blocks_out
-        uint64_t free_bytes
     pf_pool *pf_pool_new(size_t keep_bytes)
     void pf_pool_set_keep(pf_pool *p, size_t keep_bytes)
     pf_block *pf_pool_get(pf_pool *p, size_t nbytes)
@@ -85,6 +79,8 @@ cdef class _Pool:
     cdef pf_pool *p                # NULL once closed
     cdef unsigned _epoch           # pf_fork_epoch() at creation
     cdef pf_pool_stats _final      # snapshot taken at close
+    cdef size_t largest            # the largest batch's bytes kept for so far (keep_for)
+    cdef void keep_for(self, size_t batches, size_t nbytes)
     cdef pf_pool_stats stats(self)
 
 
@@ -139,11 +135,16 @@ cdef class CopyPlan(_LeafSink):
 
 
 cdef class _Parts:
-    # One batch on its way from a stage to the publisher (_stage.pxi).
+    # One batch on its way from a stage to the publisher, in its ring slot (_stage.pxi).
+    cdef pf_ring *ring             # the publisher's (it frees it)
+    cdef uint64_t max_bytes        # the ring's cap on bytes ahead; 0: none
+    cdef uint64_t slot             # the slot reserved for the batch (room())
+    cdef int64_t wait_ns           # time waiting for room, summed (producer_wait_s)
     cdef list nodes                # the tree's structure (_tree.pxi's preorder nodes)
     cdef list leaves               # its leaves, memory only the prefetcher holds
     cdef list deliver              # indices of the leaves a device delivery gets
     cdef uint64_t nbytes           # array bytes of the batch, for max_bytes
+    cdef bint room(self, uint64_t nbytes) except -1
     cdef void clear(self)
 
 
@@ -160,9 +161,6 @@ cdef class _Stage:
 # -- the stages' parts (_errors, _collate, _batchcopy, _fetch, _assemble,
 # _gauge, _epoch_batches, _tune, _threads, _map .pxi): their layouts here, the
 # behaviour in the .pxi files.
-
-cdef enum:
-    RECENT = 3   # windows at the current count a trial is measured against (_tune.pxi)
 
 cdef enum MapMode:  # a map stage's batching mode: which assembly it has (_assemble.pxi)
     M_STACK         # the default collate: rows of pooled blocks
@@ -190,8 +188,6 @@ cdef class _Column:
     cdef char *data            # C_ARRAY: the block
     cdef size_t row_nbytes
 
-    cdef object result(self)
-
 
 @cython.final
 cdef class _BatchCopy:
@@ -200,15 +196,14 @@ cdef class _BatchCopy:
     cdef bint _copier_ok           # the copier's helper threads run (fini once)
     cdef readonly int workers      # threads that copy: this one and workers - 1 helpers
     cdef bint _handover            # copy="auto": hand over what the _SoleProof proves sole
+    cdef _Pool pool
     cdef size_t _keep_batches      # batches ahead the pool keeps blocks for; 0: its owner's policy
-    cdef uint64_t _max_batch_bytes
     cdef uint64_t bytes_copied
     cdef uint64_t bytes_handed
     cdef uint64_t leaves_copied
     cdef uint64_t leaves_handed
     cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
 
-    cdef void detach(self)
     cdef void copy(self, object item, _Parts parts) except *
     cdef void new_epoch(self)
 
@@ -220,7 +215,7 @@ cdef class _FetchStage(_Stage):
     cdef object name
     cdef unsigned _fork_epoch      # pf_fork_epoch() at creation
     cdef bint _stopped             # stop() ran
-    cdef int _doing
+    cdef str _doing                # what it does, for a TimeoutError
     cdef uint64_t _fetched         # batches fetched, for the error note
 
 
@@ -246,17 +241,18 @@ cdef class _Gauge:
     cdef double last_busy, last_par, last_cpu
     cdef bint last_open            # the last window called for a probe that did not tell
     cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
-    cdef object prober             # and the meter that probes them
+    cdef object prober             # and the call that probes them (a meter's probe)
     cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
 
     cdef void restart(self, str what)
     cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
+                         tuple at_work) except -1
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      meter, tuple at_work) except -1
-    cdef bint trial_failed(self, int tried, int kept, double speedup) except -1
+                      prober, tuple at_work) except -1
+    cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1
     cdef _make_notice(self, int threads, double par, double wait_share, trial)
     cpdef object take_notice(self)
 
@@ -271,8 +267,7 @@ cdef class _Tuner:
     cdef double trial_rate         # samples/s before the trial: the best of the recent windows
     cdef double trial_low          # the trial's slowest window so far
     cdef int trial_windows         # windows measured in the trial
-    cdef double recent[RECENT]     # samples/s of the last windows at the current count
-    cdef int n_recent
+    cdef list recent               # samples/s of the last RECENT windows at the current count
     cdef int64_t t0                # the window's start; 0: the next batch starts one
     cdef int64_t wait0             # the publisher's wait at the window's start
     cdef double cpu0               # process CPU time at the window's start
@@ -283,9 +278,7 @@ cdef class _Tuner:
     cdef void restart(self)
     cdef bint due(self, int64_t now)
     cdef int after_batch(self, int threads, uint64_t samples, int64_t wait_ns, _Gauge gauge) except -1
-    cdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
-    cdef void _remember(self, double rate)
-    cdef double _best_recent(self)
+    cpdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
     cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *
 
 
@@ -325,7 +318,7 @@ cdef class _OwnedBatch(_Batch):
     # A batch that is one object its thread copied (_assemble.pxi).
     cdef list samples              # collate=f: the samples, until it runs
     cdef _Parts parts              # the copied sample or collate result
-    cdef uint64_t bytes_copied, leaves_copied, bytes_handed, leaves_handed   # ...its copy, for stats
+    cdef tuple copied              # ...its copy's figures (_COPY_FIGURES), for stats
 
 
 @cython.final
@@ -340,7 +333,16 @@ cdef class _ThreadContext:
     cdef object reader
     cdef _Batch filling
     cdef Py_ssize_t filling_row
+    # What it is busy with, which its crew reads (_threads.pxi):
+    cdef object clock              # its CPU clock id (None: none), for the gauge
+    cdef object tid                # its kernel thread id (None: not started), for the gauge
+    cdef int64_t busy_since        # pf_now_ns() when its load began, 0 when idle
+    cdef object busy_key           # the key it loads
+    cdef int64_t woken_at          # waiting for work (WAITING), woken from that wait at
+                                   # pf_now_ns() and not yet running again (> 0), or neither (0)
+    cdef bint gone                 # its thread left (worker_init failed): ensure() replaces it
 
+    cdef void busy(self, key, int64_t since)
     cdef void enter(self)
     cdef void leave(self)
     cdef _BatchCopy batch_copy(self, _Pool pool, delivery)
@@ -354,7 +356,6 @@ cdef class _Assembly:
     cdef object name               # the loader's, for notes
     cdef object delivery           # the loader's device Delivery, or None: its one holder, which
                                    # closes it; the publisher delivers to it, adapters may copy there
-    cdef size_t max_block_bytes    # the largest batch's pool blocks so far (the keep policy)
     cdef size_t keep_batches       # batches in flight the pool keeps blocks for (the stage sets it)
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen)
@@ -362,7 +363,6 @@ cdef class _Assembly:
     cdef int64_t finish(self, _Batch b, _ThreadContext t) except -2
     cdef void hand(self, _Batch b, _Parts parts) except *
     cdef void new_epoch(self)
-    cdef void keep_for(self, size_t nbytes)
     cdef void fail(self, _Batch b, Py_ssize_t row, int wid, exc, str what) except *
 
 
@@ -376,15 +376,14 @@ cdef class _StackAssembly(_Assembly):
                  bint differs, object idx, int wid)
     cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why, int wid)
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid)
-    cdef size_t _keep_blocks(self, list cols)
 
 
 cdef class _OwningAssembly(_Assembly):
     # collate=f and no batching: the thread copies what it hands on (_assemble.pxi).
     cdef object collate            # collate=f (no batching: applied to the one sample), or None
-    # the copies of the batches taken, per epoch as the core's counters (a
-    # batch of the next epoch may be copied before that epoch starts)
-    cdef uint64_t own_bytes_copied, own_leaves_copied, own_bytes_handed, own_leaves_handed
+    # the copies of the batches taken (_COPY_FIGURES), per epoch as the core's
+    # counters (a batch of the next epoch may be copied before that epoch starts)
+    cdef list copied
     cdef set closers               # close hooks of the leaf adapters those copies used
 
     cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2
@@ -451,7 +450,7 @@ cdef class _Ahead:
     cdef Py_ssize_t lookahead      # batches opened and not consumed, at most; 0: no cap
     cdef Py_ssize_t n_consumed     # batches of the epoch the consumer has taken
 
-    cdef void new_epoch(self)
+    cdef void new_epoch(self, uint64_t held)
     cdef bint bounded(self)
     cdef bint has_room(self, Py_ssize_t next_k, Py_ssize_t open_now)
     cdef void hold(self, _Batch b)
@@ -503,27 +502,18 @@ cdef class _LoaderThreads:
     cdef object name               # the loader's: threads are "<name>-w<number>"
     cdef object _cv                # the stage's condition (re-entrant)
     cdef list _threads             # the threads close() joins
-    cdef list _gone                # per thread number: its thread has left (worker_init failed)
+    cdef list contexts             # per thread number: its _ThreadContext (a replacement's, once one left)
     cdef list _starters            # idents of the threads inside ensure()'s Thread.start()
     cdef bint _listed              # close() has taken the list of threads it joins
     cdef bint closed
-    cdef readonly int count        # thread numbers in use (started, or gone and replaced later)
     cdef int64_t load_ns           # time inside load(key), summed over threads (each adds its own)
-    cdef list busy_since           # per thread: pf_now_ns() when its load began, 0 when idle
-    cdef list woken_at             # per thread: waiting for work (WAITING), woken from that wait
-                                   # at pf_now_ns() and not yet running again (> 0), or neither (0)
     cdef int64_t ready_ns          # time from woken to running again, summed over threads
-    cdef list busy_key             # per thread: the key it loads
-    cdef list clocks               # per thread: its CPU clock id (None: none), for the gauge
-    cdef list tids                 # per thread: its kernel thread id (None: not started), for the gauge
 
     cdef void ensure(self, int n, _ThreadWork work) except *
-    cdef void gone(self, int wid)
-    cdef void busy(self, int wid, key, int64_t since)
     cdef void woken(self, int64_t now)
-    cdef int64_t wait_for_work(self, int wid) except -1
+    cdef int64_t wait_for_work(self, _ThreadContext t) except -1
     cdef int64_t at_work_ns(self, int64_t now)
-    cdef tuple at_work(self)
+    cdef tuple clocks_and_tids(self, bint at_work)
     cdef str describe(self)
     cdef void close(self, double grace) except *
 
@@ -593,14 +583,15 @@ cdef class _MapEpoch(_Stage):
     cdef void _measure(self) except *
 
 
-cdef class _Publisher:
-    # The producer side of a _Core (_core.pyx): the ring, its slots and the one
-    # publisher thread that asks the stage (_stage.pxi) for batches, delivers
-    # them to the device and publishes them.
+@cython.final
+cdef class _Core:
+    # A stage's batches through a ring (_core.pyx). The producer side: the
+    # ring, its slots and the one publisher thread that asks the stage
+    # (_stage.pxi) for batches, delivers them to the device and publishes them.
     cdef pf_ring *_ring            # heap, cache-line aligned; NULL until created
     cdef _Stage _stage             # what this core publishes from
     cdef _Parts _parts             # what the stage fills, reused per batch
-    cdef object _pool              # the owner's _Pool: stats only (the owner closes it)
+    cdef _Pool _pool               # the owner's: stats only (the owner closes it)
     cdef bint _counted             # counted in _live_cores (__cinit__ ran)
     cdef unsigned _epoch           # pf_fork_epoch() at creation
     cdef list _slots               # depth entries: batch, _Failure or _END
@@ -611,31 +602,25 @@ cdef class _Publisher:
     cdef readonly object name
     cdef readonly str kind         # "prefetcher" or "loader", for messages
     cdef readonly int depth
-    cdef uint64_t _max_bytes       # 0: no cap
     cdef readonly bint closed
-    cdef int _doing                # what the publisher does, for TimeoutError and close()
+    cdef tuple _doing              # what the publisher does (a DOING_...), for TimeoutError and close()
     # counters (each written by one thread, read under the GIL)
     cdef uint64_t _produced        # by the publisher
-    cdef uint64_t _consumed        # by the consumer
-    cdef int64_t _producer_wait_ns
+    cdef readonly uint64_t consumed   # batches the consumer has taken
     cdef uint64_t _peak_fill
 
-    cdef int _apply_thread_states(self) except -1
-    cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1
-    cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch)
-
-
-cdef class _Core(_Publisher):
-    # A _Publisher with its consumer side, close() and stats (_core.pyx).
+    # The consumer side, close() and stats:
     cdef unsigned long _acquirer   # ident of the consumer waiting in pf_ring_acquire without the GIL; 0: none
     cdef object _consumer_lock     # held by the consumer that waits without the GIL
     cdef object _close_lock        # RLock: one close() tears down, the others wait for it
     cdef bint _torn_down           # close() finished: the thread joined (or warned about)
-    cdef bint _ended               # the consumer saw the end (or the error)
+    cdef readonly bint ended       # the consumer saw the end of the stream (or its error)
     cdef bint _replaced            # closed because its owner started a newer epoch
-    cdef uint64_t _failed          # batch errors the consumer took, the stream going on after them
+    cdef readonly uint64_t failed  # batch errors the consumer took, the stream going on after each
     cdef int64_t _consumer_wait_ns
 
+    cdef int _apply_thread_states(self) except -1
+    cdef void _publish(self, object item, uint64_t nbytes, bint is_batch)
     cpdef object take(self, object timeout=*)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
     cdef _check_usable(self)

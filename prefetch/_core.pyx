@@ -39,10 +39,8 @@ from posix.unistd cimport read as c_read
 import dataclasses
 import functools
 import operator
-import sys
 import threading
 import time
-import warnings
 import weakref
 from copy import copy as _shallow_copy
 
@@ -80,29 +78,14 @@ include "_threads.pxi"
 include "_map.pxi"
 
 
-cdef enum Doing:
-    DOING_START
-    DOING_ROOM
-    DOING_STAGE
-    DOING_DELIVER
-    DOING_REBUILD
-    DOING_DONE
-
-# What the publisher is doing: for a TimeoutError ("it is ...") and for the
-# note of an error raised there ("while ... batch N").
-_DOING = {
-    DOING_START: "starting",
-    DOING_ROOM: "waiting for room in the ring",
-    DOING_DELIVER: "delivering to the device",
-    DOING_REBUILD: "rebuilding a batch",
-    DOING_DONE: "finished",
-}
-# What the publisher was doing to a batch whose error it publishes (_note_batch).
-_FAILED_WHILE = {
-    DOING_STAGE: "assembling {batch}",
-    DOING_DELIVER: "delivering {batch} to the device",
-    DOING_REBUILD: "rebuilding {batch} with a registered container's unflatten",
-}
+# What the publisher is doing: (for a TimeoutError and close(), "it is ...";
+# for the note of an error raised there, "while ..."). The stage's: its doing().
+cdef tuple DOING_START = ("starting", None)
+cdef tuple DOING_ROOM = ("waiting for room in the ring", None)
+cdef tuple DOING_STAGE = (None, "assembling {batch}")
+cdef tuple DOING_DELIVER = ("delivering to the device", "delivering {batch} to the device")
+cdef tuple DOING_REBUILD = ("rebuilding a batch", "rebuilding {batch} with a registered container's unflatten")
+cdef tuple DOING_DONE = ("finished", None)
 
 cdef object _END = object()        # the slot after the last batch
 cdef Py_ssize_t _live_cores = 0    # _Core objects not yet deallocated
@@ -122,10 +105,13 @@ def _fork_epoch():
     return pf_fork_epoch()
 
 
-cdef class _Publisher:
-    """The producer side of a _Core: the ring, its slots and the one publisher
+@cython.final
+cdef class _Core:
+    """A stage's batches through a ring: its producer side, the one publisher
     thread, which asks the stage for each batch, delivers it to the device and
-    publishes it. The consumer side, close() and stats are _Core's."""
+    publishes it; its consumer side, take() by any thread (several are served
+    in turn); close() from any thread; stats. The threads reference only this
+    object and its stage, never the object the user holds."""
 
     def __cinit__(self, _Stage stage not None, *, int depth, uint64_t max_bytes, name,
                   _Pool pool not None, str kind="prefetcher"):
@@ -136,15 +122,17 @@ cdef class _Publisher:
         self._epoch = pf_fork_epoch()   # also installs the at-fork handler
         self._stage = stage
         self._parts = _Parts.__new__(_Parts)
+        self._parts.max_bytes = max_bytes
         self._pool = pool
         self.name = name
         self.kind = kind
         self.depth = depth
-        self._max_bytes = max_bytes
         self._slots = [None] * depth
         self._warnings = []
         self._doing = DOING_START
-        self._ring = pf_ring_new(depth, max_bytes, -1, &rc)
+        self._consumer_lock = threading.Lock()
+        self._close_lock = threading.RLock()
+        self._ring = self._parts.ring = pf_ring_new(depth, max_bytes, -1, &rc)
         _check_rc(rc, "the ring")
 
     def __dealloc__(self):
@@ -166,7 +154,6 @@ cdef class _Publisher:
         self._thread.start()
 
     def _run(self):
-        cdef uint64_t slot = 0
         cdef uint64_t nbytes
         cdef int got
         cdef _Stage stage = self._stage
@@ -177,7 +164,7 @@ cdef class _Publisher:
         try:
             while True:
                 self._doing = DOING_ROOM
-                if not self._wait_room(0, &slot):
+                if not parts.room(0):   # a slot (a stage waits for its bytes before it makes them)
                     return
                 try:
                     # The stage's next batch, delivered to the device and rebuilt.
@@ -200,27 +187,25 @@ cdef class _Publisher:
                         raise   # a forked child on this thread's stack: its own exit
                     parts.clear()
                     if not self.closed:
-                        self._publish(slot, _Failure(_note_batch(
-                            exc, "in " + _publisher_name(self.kind, self.name), _FAILED_WHILE[self._doing],
+                        self._publish(_Failure(_note_batch(
+                            exc, "in " + _publisher_name(self.kind, self.name), self._doing[1],
                             self._produced + 1, True)), 0, False)
                     return
                 if got == P_STOPPED:
                     return
                 if got == P_END:
-                    self._publish(slot, _END, 0, False)
+                    self._publish(_END, 0, False)
                     return
                 if got == P_FAILED or got == P_BATCH_FAILED:
                     failure, stage.failure = stage.failure, None
-                    self._publish(slot, _Failure(failure, got == P_FAILED), 0, False)
+                    self._publish(_Failure(failure, got == P_FAILED), 0, False)
                     failure = None
                     if got == P_FAILED:
                         return
                     continue
                 nbytes = parts.nbytes
                 parts.clear()
-                if self._max_bytes and not self._wait_room(nbytes, &slot):
-                    return
-                self._publish(slot, batch, nbytes, True)
+                self._publish(batch, nbytes, True)
                 batch = None
         finally:
             self._doing = DOING_DONE
@@ -241,47 +226,21 @@ cdef class _Publisher:
             return P_FAILED
         return self._stage.produce(self._parts)
 
-    cdef bint _wait_room(self, uint64_t nbytes, uint64_t *slot) except -1:
-        """Wait for a free slot (and room under max_bytes); False once closed."""
-        cdef int rc = pf_ring_reserve(self._ring, nbytes, 0, slot)
-        cdef int64_t t0
-        if rc == PF_EAGAIN:
-            t0 = pf_now_ns()
-            rc = PF_ETIMEDOUT
-            while rc == PF_ETIMEDOUT:   # the GIL is taken between slices
-                with nogil:
-                    rc = pf_ring_reserve(self._ring, nbytes, WAIT_SLICE_NS, slot)
-            self._producer_wait_ns += pf_now_ns() - t0
-        if rc == PF_ECLOSED:
-            return False
-        _check_ring(rc, "waiting for room")
-        return True
-
-    cdef void _publish(self, uint64_t slot, object item, uint64_t nbytes, bint is_batch):
+    cdef void _publish(self, object item, uint64_t nbytes, bint is_batch):
+        """``item`` into the slot reserved (parts.room) and out to the consumer."""
         cdef uint64_t fill
         if self.closed:
             return  # close() already emptied the slots; don't refill one
-        self._slots[slot] = item
+        self._slots[self._parts.slot] = item
         if is_batch:
             self._produced += 1
         pf_ring_publish(self._ring, nbytes)
-        fill = self._produced - self._consumed
+        fill = self._produced - self.consumed
         if fill > self._peak_fill:
             self._peak_fill = fill
 
     def _doing_text(self, thread=None):
-        return self._stage.doing() if self._doing == DOING_STAGE else _DOING[self._doing]
-
-
-@cython.final
-cdef class _Core(_Publisher):
-    """A _Publisher with its consumer side: take() by any thread (several are
-    served in turn), close() from any thread, stats. The threads reference only
-    this object and its stage, never the object the user holds."""
-
-    def __cinit__(self, *args, **kwargs):
-        self._consumer_lock = threading.Lock()
-        self._close_lock = threading.RLock()
+        return self._stage.doing() if self._doing is DOING_STAGE else self._doing[0]
 
     # -- consumer -----------------------------------------------------------
 
@@ -300,7 +259,7 @@ cdef class _Core(_Publisher):
         cdef uint64_t slot = 0
         cdef uint64_t nbytes
         self._check_usable()
-        if self._ended:
+        if self.ended:
             raise StopIteration
         if self._warnings:
             _warn.deliver(self._warnings)   # at the user's line; nothing is taken yet
@@ -313,16 +272,16 @@ cdef class _Core(_Publisher):
         self._slots[slot] = None
         nbytes = pf_ring_release(self._ring)
         if item is _END:
-            self._ended = True
+            self.ended = True
             raise StopIteration
         if type(item) is _Failure:
             if (<_Failure>item).ends:
-                self._ended = True
+                self.ended = True
             else:
-                self._failed += 1
+                self.failed += 1
                 self._stage.taken(0)   # in the place of its batch: counted as taken
             raise (<_Failure>item).exc
-        self._consumed += 1
+        self.consumed += 1
         self._stage.taken(nbytes)
         return item
 
@@ -363,7 +322,7 @@ cdef class _Core(_Publisher):
         lock = self._consumer_lock
         while not lock.acquire(True, WAIT_SLICE_S):   # releases the GIL while it waits
             PyErr_CheckSignals()
-            if self._ended:
+            if self.ended:
                 # Another consumer took the end; the next epoch may have closed this core since.
                 raise StopIteration
             if self.closed:
@@ -373,7 +332,7 @@ cdef class _Core(_Publisher):
                                    "another thread was waiting for one")
         self._acquirer = PyThread_get_thread_ident()
         try:
-            if self._ended:
+            if self.ended:
                 raise StopIteration   # another consumer thread took the end meanwhile
             while True:
                 wait_ns = WAIT_SLICE_NS
@@ -393,7 +352,7 @@ cdef class _Core(_Publisher):
                     if self.closed:   # by that signal's handler
                         raise self._closed_while_waiting()
                     return slot
-                if self._ended:
+                if self.ended:
                     raise StopIteration   # another consumer thread took the end
                 if rc != PF_ETIMEDOUT and rc != PF_EAGAIN:   # EAGAIN: the deadline had passed
                     _check_ring(rc, "waiting for a batch")
@@ -475,20 +434,19 @@ cdef class _Core(_Publisher):
 
     def stats(self):
         """The core's and its stage's fields of Stats, as a dict."""
-        cdef pf_pool_stats ps = (<_Pool>self._pool).stats()
-        counts = dict(
+        cdef pf_pool_stats ps = self._pool.stats()
+        return dict(
             produced=self._produced,
-            consumed=self._consumed,
+            consumed=self.consumed,
             consumer_wait_s=self._consumer_wait_ns / 1e9,
-            producer_wait_s=self._producer_wait_ns / 1e9,
-            fill=self._produced - self._consumed if not self.closed else 0,
+            producer_wait_s=self._parts.wait_ns / 1e9,
+            fill=self.fill,
             peak_fill=self._peak_fill,
             depth=self.depth,
             blocks_allocated=ps.blocks_allocated,
             blocks_reused=ps.blocks_reused,
+            **self._stage.counts(),
         )
-        counts.update(self._stage.counts())
-        return counts
 
     @property
     def workers(self):
@@ -496,28 +454,13 @@ cdef class _Core(_Publisher):
 
     @property
     def fill(self):
-        return self._produced - self._consumed if not self.closed else 0
-
-    @property
-    def consumed(self):
-        """Batches the consumer has taken."""
-        return self._consumed
-
-    @property
-    def failed(self):
-        """Batch errors the consumer has taken, the stream going on after each."""
-        return self._failed
-
-    @property
-    def ended(self):
-        """The consumer saw the end of the stream (or its error)."""
-        return self._ended
+        return self._produced - self.consumed if not self.closed else 0
 
     @property
     def state(self):
         if self.closed:
             return "closed"
-        if self._ended:
+        if self.ended:
             return "ended"
         return "running"
 

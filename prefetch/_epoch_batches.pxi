@@ -187,8 +187,9 @@ cdef class _Ahead:
     def __cinit__(self, uint64_t max_bytes):
         self.max_bytes = max_bytes
 
-    cdef void new_epoch(self):
-        self.held_bytes = 0
+    cdef void new_epoch(self, uint64_t held):
+        """An epoch begins, ``held`` bytes of its batches opened early."""
+        self.held_bytes = held
         self.n_consumed = 0
 
     cdef bint bounded(self):
@@ -260,8 +261,7 @@ cdef class _Epochs:
         self.now = e
         if self.cur is not None and self.cur.gen != e.gen:
             self.cur = None
-        self.ahead.new_epoch()
-        self.ahead.held_bytes = e.held()
+        self.ahead.new_epoch(e.held())
         return e
 
     cdef void set_keys(self, _EpochBatches e, batches, following):
@@ -300,9 +300,7 @@ cdef class _Epochs:
 
     cdef void close(self):
         self.drop_after()
-        self.now.drop()
-        self.now = _EpochBatches(self.new_gen(), self.now.epoch, None, None)
-        self.cur = None
+        self.abandon(self.now)
 
     cdef _EpochBatches epoch_of(self, _Batch b):
         """The epoch ``b`` is of; None once that one is dropped."""

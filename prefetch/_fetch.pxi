@@ -6,19 +6,6 @@
 # the next call. A source that forks leaves its child on this thread's stack:
 # there the stage stops and touches nothing of the parent's.
 
-cdef enum Fetching:
-    F_START
-    F_NEXT
-    F_COPY
-    F_DONE
-
-_FETCHING = {
-    F_START: "starting",
-    F_NEXT: "waiting in next(source)",
-    F_COPY: "copying",
-    F_DONE: "finished",
-}
-
 
 @cython.final
 cdef class _FetchStage(_Stage):
@@ -27,6 +14,7 @@ cdef class _FetchStage(_Stage):
         self.source = source
         self.batch_copy = batch_copy
         self.name = name
+        self._doing = "starting"
         batch_copy.new_epoch()
         self._fork_epoch = pf_fork_epoch()
 
@@ -34,7 +22,8 @@ cdef class _FetchStage(_Stage):
         return self.batch_copy.plan.device
 
     cdef int produce(self, _Parts parts) except -1:
-        self._doing = F_NEXT
+        cdef uint64_t nbytes = 0
+        self._doing = "waiting in next(source)"
         try:
             item = next(self.source)
         except (StopIteration, GeneratorExit):
@@ -52,9 +41,18 @@ cdef class _FetchStage(_Stage):
             return P_STOPPED
         if self._stopped:
             return P_STOPPED
-        self._doing = F_COPY
         try:
+            if parts.max_bytes:
+                # Room for its bytes before it is copied, not on top of a full ring;
+                # again after, for leaves whose size only their copy told.
+                self._doing = "waiting for room under max_bytes"
+                nbytes = _tree_nbytes(item)
+                if not parts.room(nbytes):
+                    return P_STOPPED
+            self._doing = "copying"
             self.batch_copy.copy(item, parts)
+            if parts.max_bytes and parts.nbytes > nbytes and not parts.room(parts.nbytes):
+                return P_STOPPED
         except BaseException as exc:
             if self._stopped:
                 return P_STOPPED   # close() took the pool away
@@ -71,11 +69,11 @@ cdef class _FetchStage(_Stage):
         self._stopped = True
 
     def finish(self):
-        self._doing = F_DONE
+        self._doing = "finished"
         self.source = None   # the source's last batch is not kept alive
 
     def doing(self):
-        return _FETCHING[self._doing]
+        return self._doing
 
     def counts(self):
         return self.batch_copy.counts()

@@ -73,16 +73,17 @@ cdef class _Gauge:
         """The batch being taken closes a window."""
         return self.t0 == 0 or now - self.t0 >= GAUGE_WINDOW_NS
 
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, clocks, tids, int threads, tuple at_work) except -1:
+    cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
+                         tuple at_work) except -1:
         """Called when due(), when the tuner's window closes and when the
         thread count changed: ends the window at ``now`` (``busy_ns``: the
-        threads' total time at work so far, ``clocks``/``tids`` their
-        CPU clocks and kernel ids, ``at_work`` those of the threads at work
-        now, which a probe looks at) and starts the next one. A window of
-        another thread count than ``threads``, or under 10 ms, is dropped."""
+        threads' total time at work so far, ``threads_now`` their (CPU
+        clocks, kernel ids), ``at_work`` those of the threads at work now,
+        which a probe looks at) and starts the next one. A window of another
+        thread count than ``threads``, or under 10 ms, is dropped."""
         cdef double wall
         meter = _METER
-        cpu_s, runq_s, proc_s = meter.read(clocks, tids)
+        cpu_s, runq_s, proc_s = meter.read(*threads_now)
         if threads == self.threads and self.t0 != 0 and now - self.t0 >= GAUGE_WINDOW_NS // 5:
             wall = (now - self.t0) / 1e9
             figures = [(busy_ns - self.busy0) / 1e9 / wall, None, None, None]
@@ -91,7 +92,7 @@ cdef class _Gauge:
                 figures[3] = max(0.0, (proc_s - self.proc0) / wall - figures[1])
                 if runq_s is not None and self.runq0 is not None:
                     figures[2] = (runq_s - self.runq0) / wall
-            self._window(wall, threads, figures[0], figures[1], figures[2], figures[3], meter, at_work)
+            self._window(wall, threads, figures[0], figures[1], figures[2], figures[3], meter.probe, at_work)
         elif threads != self.threads:
             self.skip = 0   # the first judged window of a new count is probed
         self.t0 = now
@@ -105,11 +106,11 @@ cdef class _Gauge:
         ``others`` None where unknown), judged as after_batch() judges them,
         with ``probe`` the verdict a probe would give, or a meter whose
         probe() gives them (tests). True where the window was serialized."""
-        meter = probe if hasattr(probe, "probe") else _Verdict(probe)
-        return self._window(wall, threads, busy, cpu, runq, others, meter, ([None] * 2, [None] * 2))
+        prober = probe.probe if hasattr(probe, "probe") else lambda clocks, tids: probe
+        return self._window(wall, threads, busy, cpu, runq, others, prober, ([None] * 2, [None] * 2))
 
     cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      meter, tuple at_work) except -1:
+                      prober, tuple at_work) except -1:
         cdef double par = busy
         cdef double limit
         cdef bint serialized = False
@@ -121,7 +122,7 @@ cdef class _Gauge:
                 serialized = self.last_probe
             else:
                 # Two threads at work at least: a probe looks at threads waiting on each other.
-                verdict = meter.probe(*at_work) if len(at_work[0]) >= 2 else None
+                verdict = prober(*at_work) if len(at_work[0]) >= 2 else None
                 if verdict is not None:   # None: it could not tell (a thread found no CPU for long)
                     decided = True
                     self.last_probe = verdict
@@ -140,7 +141,7 @@ cdef class _Gauge:
         self.last_busy, self.last_par = busy, par
         self.last_open = judged and not decided
         self.last_cpu = cpu if judged else 0.0
-        self.at_work, self.prober = at_work, meter
+        self.at_work, self.prober = at_work, prober
         if serialized:
             self.ser_wall_s += wall
             self.ser_busy_s += busy * wall
@@ -156,7 +157,7 @@ cdef class _Gauge:
                 self._make_notice(threads, par, 1.0 - self.ser_par_s / self.ser_busy_s, None)
         return serialized
 
-    cdef bint trial_failed(self, int tried, int kept, double speedup) except -1:
+    cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1:
         """workers="auto" tried ``tried`` threads and goes back to ``kept``: ``speedup`` is the measured rate over the
         rate before. True when the threads took turns on the GIL in that trial:
         its last window was serialized (the notice is made). Where that window
@@ -167,7 +168,7 @@ cdef class _Gauge:
         if self.last_threads != tried:
             return False
         if self.last_open and len(self.at_work[0]) >= 2:
-            verdict = self.prober.probe(*self.at_work)
+            verdict = self.prober(*self.at_work)
             if verdict is not None:
                 self.probes += 1
                 self.probes_ser += verdict
@@ -178,10 +179,6 @@ cdef class _Gauge:
             return False
         self._make_notice(tried, self.last_par, 1.0 - self.last_par / self.last_busy, (kept, speedup))
         return True
-
-    def trial(self, int tried, int kept, double speedup):
-        """trial_failed() (tests)."""
-        return self.trial_failed(tried, kept, speedup)
 
     cdef _make_notice(self, int threads, double par, double wait_share, trial):
         if self.noticed or self.cpus < 2:
@@ -218,16 +215,6 @@ cdef class _Gauge:
         """The gauge's fields of Stats."""
         return dict(load_parallelism=self.par_s / self.wall_s if self.wall_s else 0.0,
                     load_wait_share=self.wait_s / self.busy_s if self.busy_s else 0.0)
-
-
-class _Verdict:
-    """A probe that answers what a test says."""
-
-    def __init__(self, verdict):
-        self.verdict = verdict
-
-    def probe(self, clocks, tids):
-        return self.verdict
 
 
 cpdef bint judge(int threads, double busy, cpu, runq, others):

@@ -137,7 +137,7 @@ cdef class _MapStage(_ThreadWork):
 
     @property
     def threads(self):   # thread numbers in use
-        return self.crew.count
+        return len(self.crew.contexts)
 
     @property
     def gil_noticed(self):   # the GIL notice was made (or given before this stage)
@@ -191,7 +191,7 @@ cdef class _MapStage(_ThreadWork):
             with self._cv:
                 if not self.closed and epochs.to_open() is None and not (
                         epochs.now.slot_of(t.wid) is not None if stream else epochs.has_rows()):
-                    ready = self.crew.wait_for_work(t.wid)
+                    ready = self.crew.wait_for_work(t)
             self.idle_ns += pf_now_ns() - t0 - ready
 
     cdef _Batch _stream_row(self, _ThreadContext t, Py_ssize_t *row):
@@ -216,9 +216,9 @@ cdef class _MapStage(_ThreadWork):
         cdef int64_t t0 = pf_now_ns()
         keys, ended, failure = None, True, None
         if not e.ended[t.wid]:
-            self.crew.busy(t.wid, f"the stream's batch {slot.k + 1}", t0)
+            t.busy(f"the stream's batch {slot.k + 1}", t0)
             keys, ended, failure = t.read_stream(e.epoch, len(e.ended), self.seed, self.name)
-            self.crew.busy(t.wid, None, 0)
+            t.busy(None, 0)
             self.crew.load_ns += pf_now_ns() - t0
         with self._cv:
             if self.epochs.epoch_of(slot) is not e:
@@ -369,7 +369,8 @@ cdef class _MapEpoch(_Stage):
         cdef _MapStage st = self.stage
         cdef _LoaderThreads crew = st.crew
         if st.gauge.due(now) or st.tuner is not None and st.tuner.due(now):
-            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, st.target, crew.at_work())
+            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks_and_tids(False), st.target,
+                                 crew.clocks_and_tids(True))
         if st.tuner is None:
             return
         threads = st.tuner.after_batch(st.target, st.samples, st.wait_ns, st.gauge)
@@ -377,7 +378,8 @@ cdef class _MapEpoch(_Stage):
             st._set_threads(threads, st.rows)
             st.wake()   # parked threads' turn
             now = pf_now_ns()
-            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks, crew.tids, threads, crew.at_work())
+            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks_and_tids(False), threads,
+                                 crew.clocks_and_tids(True))
 
     cdef void taken(self, uint64_t nbytes):
         cdef _MapStage st = self.stage

@@ -50,16 +50,10 @@ _METER = _Meter()
 
 
 cdef object _threads_cpu_s(clocks):
-    cdef double total = 0.0
     if not _THREAD_CLOCKS:
         return None
-    for clock in clocks:
-        if clock is not None:
-            try:
-                total += time.clock_gettime(clock)
-            except OSError:
-                pass   # the thread has ended (worker_init failed)
-    return total
+    # The clock of a thread that has ended (worker_init failed) reads -1: none.
+    return sum(max(_clock_ns(<clockid_t>c), 0) for c in clocks if c is not None) / 1e9
 
 
 cdef object _threads_runq_s(tids):

@@ -8,9 +8,6 @@
 # blocks come back from any thread.
 
 cdef class _Block:
-    def __cinit__(self):
-        self.blk = NULL
-
     def __dealloc__(self):
         if self.blk != NULL:
             pf_pool_put(self.blk)
@@ -37,6 +34,16 @@ cdef class _Pool:
             if self._epoch == pf_fork_epoch():   # in a forked child: the parent's lock may be held
                 pf_pool_close(self.p)
             self.p = NULL
+
+    cdef void keep_for(self, size_t batches, size_t nbytes):
+        """Keep free blocks for ``batches`` batches of up to ``nbytes`` (the
+        largest so far), twice over: blocks are binned by size class, so mixed
+        sizes need more. With 1x, bench/soak.py (4 shapes, 3 batches held)
+        re-allocated 1.3 % of blocks for ever; with 2x, 3 blocks in 21,730
+        batches. A dropped hoard is still freed."""
+        if nbytes > self.largest and self.p != NULL:
+            self.largest = nbytes
+            pf_pool_set_keep(self.p, 2 * batches * nbytes)
 
     cdef pf_pool_stats stats(self):
         return pf_pool_get_stats(self.p) if self.p != NULL else self._final

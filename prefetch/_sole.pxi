@@ -19,10 +19,9 @@ cdef extern from "Python.h":
     bint pf_float_exact "PyFloat_CheckExact"(PyObject *o)
     bint pf_str_exact "PyUnicode_CheckExact"(PyObject *o)
     bint pf_bytes_exact "PyBytes_CheckExact"(PyObject *o)
-    Py_ssize_t pf_tuple_size "PyTuple_GET_SIZE"(PyObject *o)
-    PyObject *pf_tuple_item "PyTuple_GET_ITEM"(PyObject *o, Py_ssize_t i)
-    Py_ssize_t pf_list_size "PyList_GET_SIZE"(PyObject *o)
-    PyObject *pf_list_item "PyList_GET_ITEM"(PyObject *o, Py_ssize_t i)
+    # An exact tuple's or list's items (the macros look at which it is).
+    Py_ssize_t pf_seq_size "PySequence_Fast_GET_SIZE"(PyObject *o)
+    PyObject *pf_seq_item "PySequence_Fast_GET_ITEM"(PyObject *o, Py_ssize_t i)
     int pf_dict_next "PyDict_Next"(PyObject *o, Py_ssize_t *pos, PyObject **key, PyObject **value)
 
 
@@ -117,16 +116,10 @@ cdef class _SoleProof:
             ntodo -= 1
             o = self._todo[ntodo]
             t = pf_type(o)
-            if t == &PyTuple_Type:
-                n = pf_tuple_size(o)
+            if t == &PyTuple_Type or t == &PyList_Type:
+                n = pf_seq_size(o)
                 for i in range(n):
-                    value = pf_tuple_item(o, i)
-                    if pf_sole_ref(value):
-                        _push(&self._todo, &self._todo_cap, &ntodo, value)
-            elif t == &PyList_Type:
-                n = pf_list_size(o)
-                for i in range(n):
-                    value = pf_list_item(o, i)
+                    value = pf_seq_item(o, i)
                     if pf_sole_ref(value):
                         _push(&self._todo, &self._todo_cap, &ntodo, value)
             elif t == &PyDict_Type:

@@ -42,42 +42,40 @@ cdef class _StackAssembly(_Assembly):
         cdef Py_ssize_t bad = BAD_NONE
         cdef bint first = False
         cdef int64_t layout_bytes = -1
-        ref = b.nodes     # one snapshot of the layout with its columns (see below)
-        cols = b.cols
-        if cols is not None and (b.layout_row == 0 or b.row0 == R0_AGREES):
-            # The common case: the layout is row 0's, and a sample laid out
-            # the same is matched against it, leaf by leaf, with no walk.
-            if _match(ref, 0, sample, leaves, 0) == len(ref):
-                self.bytes_collated += _fill_row(cols, leaves, row, ref, &bad)
-                if bad != BAD_NONE:
-                    self._differs_from_row0(b, row, _sample_layout(ref, leaves), ref, cols,
-                                            _leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
-                                                          _leaf_desc(leaves[bad])), t.wid)
-                return layout_bytes
-            leaves = []
-        nodes = _flatten(sample, _AS_IS, leaves)
-        if b.cols is None:
-            with self._lock:
-                if b.cols is None:
-                    cols = _make_columns(self.pool, b.n, leaves, nodes)
-                    b.nodes = nodes
-                    b.layout_row = row
-                    b.min_filled = row
-                    b.cols = cols
-                    first = True
-                    layout_bytes = self._keep_blocks(cols)
-        # One snapshot of the layout (a slow row 0 puts its key order in place: _settle).
+        # One snapshot of the layout with its columns (a slow row 0 puts its
+        # key order in place: _settle).
         ref = b.nodes
         cols = b.cols
-        mine = leaves
         idx = None
-        if not first:
-            if _tree_differs(ref, nodes) >= 0:
+        if (cols is not None and (b.layout_row == 0 or b.row0 == R0_AGREES)
+                and _match(ref, 0, sample, leaves, 0) == len(ref)):
+            # The common case: the layout is row 0's, and a sample laid out
+            # the same is matched against it, leaf by leaf, with no walk.
+            nodes = ref
+        else:
+            leaves = []
+            nodes = _flatten(sample, _AS_IS, leaves)
+            if b.cols is None:
+                with self._lock:
+                    if b.cols is None:
+                        cols = _make_columns(self.pool, b.n, leaves, nodes)
+                        b.nodes = nodes
+                        b.layout_row = row
+                        b.min_filled = row
+                        b.cols = cols
+                        first = True
+                        # The pool keeps blocks for the batches in flight as big as the largest so far.
+                        layout_bytes = sum(cnp.PyArray_NBYTES(<cnp.ndarray>(<_Column>c).out) for c in cols
+                                           if (<_Column>c).kind != C_LIST and isinstance((<_Column>c).out, cnp.ndarray))
+                        self.pool.keep_for(self.keep_batches, layout_bytes)
+            ref = b.nodes
+            cols = b.cols
+            if not first and _tree_differs(ref, nodes) >= 0:
                 idx = _align(ref, nodes)   # a dict's key order is not its structure
-                if type(idx) is str:
-                    bad = BAD_STRUCTURE
-                else:
-                    leaves = [leaves[j] for j in <list>idx]
+                bad = BAD_STRUCTURE if type(idx) is str else BAD_NONE
+        mine = leaves
+        if idx is not None and bad == BAD_NONE:
+            leaves = [leaves[j] for j in <list>idx]
         if bad == BAD_NONE:
             self.bytes_collated += _fill_row(cols, leaves, row, ref, &bad)
         if b.layout_row == 0 or b.row0 == R0_AGREES:
@@ -97,7 +95,8 @@ cdef class _StackAssembly(_Assembly):
         objects stay on the host."""
         cdef _StackBatch b = <_StackBatch>batch
         parts.nodes = b.nodes
-        parts.leaves = [(<_Column>c).result() for c in b.cols]
+        parts.leaves = [(<_Column>c).out if (<_Column>c).from_numpy is None
+                        else (<_Column>c).from_numpy((<_Column>c).out) for c in b.cols]
         parts.deliver = [i for i in range(len(b.cols)) if (<_Column>b.cols[i]).kind != C_LIST]
         parts.nbytes = b.held
 
@@ -187,14 +186,4 @@ cdef class _StackAssembly(_Assembly):
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid):
         """Fails ``b`` with a ValueError naming ``row``'s sample (found by thread ``wid``)."""
         self.fail(b, row, wid, ValueError(why or "the sample differs from the batch's first sample"), "collating")
-
-    cdef size_t _keep_blocks(self, list cols):
-        """The bytes of a batch laid out in ``cols``; the pool keeps blocks for
-        the batches in flight as big as the largest so far."""
-        cdef size_t nbytes = 0
-        for col in cols:
-            if (<_Column>col).kind != C_LIST and isinstance((<_Column>col).out, cnp.ndarray):
-                nbytes += <size_t>cnp.PyArray_NBYTES(<cnp.ndarray>(<_Column>col).out)
-        self.keep_for(nbytes)
-        return nbytes
 

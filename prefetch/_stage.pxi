@@ -13,8 +13,8 @@
 # Threads: produce() runs on the publisher thread; taken() and before_take()
 # on the consumer; stop() and doing() on any thread; all with the GIL held.
 #
-# Also here, written once for both stages: the pool's keep policy and the
-# close-with-grace that joins threads and warns about the ones still busy.
+# Also here, written once for both stages: the close-with-grace that joins
+# threads and warns about the ones still busy.
 
 cdef enum Produced:
     P_BATCH        # parts filled
@@ -25,7 +25,27 @@ cdef enum Produced:
 
 
 cdef class _Parts:
-    """One batch on its way from a stage to the publisher; cleared once published."""
+    """One batch on its way from a stage to the publisher, in the ring slot
+    reserved for it; cleared once published."""
+
+    cdef bint room(self, uint64_t nbytes) except -1:
+        """Wait for a free slot with room for ``nbytes`` more under max_bytes (a
+        batch always fits an empty ring); False once the ring is closed. A
+        stage calls it before it makes a batch of ``nbytes``, so that the
+        batch being made is never held on top of a full ring."""
+        cdef int rc = pf_ring_reserve(self.ring, nbytes, 0, &self.slot)
+        cdef int64_t t0
+        if rc == PF_EAGAIN:
+            t0 = pf_now_ns()
+            rc = PF_ETIMEDOUT
+            while rc == PF_ETIMEDOUT:   # the GIL is taken between slices
+                with nogil:
+                    rc = pf_ring_reserve(self.ring, nbytes, WAIT_SLICE_NS, &self.slot)
+            self.wait_ns += pf_now_ns() - t0
+        if rc == PF_ECLOSED:
+            return False
+        _check_ring(rc, "waiting for room")
+        return True
 
     cdef void clear(self):
         self.nodes = None
@@ -73,16 +93,6 @@ cdef class _Stage:
     def counts(self):
         """The stage's fields of Stats."""
         return {}
-
-
-cdef void _keep_for(pf_pool *pool, size_t batches, size_t nbytes) noexcept:
-    """Let ``pool`` keep free blocks for ``batches`` batches of ``nbytes``,
-    twice over: blocks are binned by size class, so mixed sizes need more.
-    With 1x, bench/soak.py (4 shapes, 3 batches held) re-allocated 1.3 % of
-    blocks for ever; with 2x, 3 blocks in 21,730 batches. A dropped hoard is
-    still freed."""
-    if pool != NULL:
-        pf_pool_set_keep(pool, 2 * batches * nbytes)
 
 
 def _join_or_warn(threads, double grace, str owner, doing, at=None, double waited=-1):

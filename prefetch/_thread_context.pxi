@@ -1,6 +1,7 @@
 # _thread_context.pxi (included by _core.pyx): a loader thread's context, made
-# by the thread (_threads.pxi) and passed to each call that needs the thread:
-# its number, WorkerInfo, sample, batch copy, stream worker. sample_rng() and
+# by its crew (_threads.pxi) and passed to each call that needs the thread:
+# its number, WorkerInfo, sample, batch copy, stream worker, and what it is
+# busy with. sample_rng() and
 # worker_info(), which the user calls from dataset[i] with no argument, alone
 # find it through one thread-local, set and cleared by the context itself.
 
@@ -8,11 +9,18 @@ cdef object _current = threading.local()   # .context: the calling loader thread
 
 
 cdef class _ThreadContext:
-    """One loader thread's context: made and used by that thread alone."""
+    """One loader thread's context: made by its crew (_threads.pxi) before
+    the thread starts, used by that thread alone, but for what it is busy
+    with, which the crew reads under the stage's condition."""
 
     def __cinit__(self, work, int wid):
         self.work = work
         self.wid = wid
+
+    cdef void busy(self, key, int64_t since):
+        """It loads ``key`` since ``since`` (0: it is idle)."""
+        self.busy_since = since
+        self.busy_key = key
 
     cdef void enter(self):
         """The calling thread is this context's (sample_rng(), worker_info())."""

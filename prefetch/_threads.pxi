@@ -3,7 +3,8 @@
 # Each runs _run against a small interface, _ThreadWork, that the map stage
 # implements: claim a row, load its sample, hand it on (loaded, or failed),
 # done; until the work closes. The threads count their own time inside
-# load(); they hold the work, the work holds them, nothing else does. They are started, and a thread whose worker_init failed is replaced, with no
+# load(); they hold the work, the work holds them, nothing else does. They
+# are started, and a thread whose worker_init failed is replaced, with no
 # lock held: Thread.start() waits for the new thread, and the main thread runs
 # signal handlers meanwhile (a SIGTERM handler may call close()). The stage's
 # condition carries the handshake with close(): no thread starts unjoined
@@ -55,45 +56,36 @@ cdef class _LoaderThreads:
         self.name = name
         self._cv = cv
         self._threads = []
-        self._gone = []
+        self.contexts = []
         self._starters = []
-        self.busy_since = []
-        self.woken_at = []
-        self.busy_key = []
-        self.clocks = []
-        self.tids = []
 
     cdef void ensure(self, int n, _ThreadWork work) except *:
         """Threads numbered 0 .. n - 1 load for ``stage``: the missing ones
         start, each number once per call (a replacement whose worker_init
         fails again is replaced by the next call, not by this one)."""
         cdef int wid
+        cdef _ThreadContext context
         me = threading.get_ident()
-        todo = [wid for wid in range(min(self.count, n)) if self._gone[wid]]
-        todo.extend(range(self.count, n))
+        todo = [wid for wid in range(min(len(self.contexts), n)) if (<_ThreadContext>self.contexts[wid]).gone]
+        todo.extend(range(len(self.contexts), n))
         for wid in todo:
             # `closed` is read under _cv, and close() waits for the threads
             # being started by others before it lists the threads it joins.
             with self._cv:
                 if self.closed:
                     return
-                if wid < self.count:
-                    if not self._gone[wid]:
-                        continue   # another call (the autotuner's, an epoch's) started it
-                    self._gone[wid] = False
+                if wid < len(self.contexts) and not (<_ThreadContext>self.contexts[wid]).gone:
+                    continue   # another call (the autotuner's, an epoch's) started it
+                context = _ThreadContext(work, wid)
+                if wid < len(self.contexts):
+                    self.contexts[wid] = context
                 else:
-                    self.busy_since.append(0)
-                    self.woken_at.append(0)
-                    self.busy_key.append(None)
-                    self.clocks.append(None)
-                    self.tids.append(None)
-                    self._gone.append(False)
-                    self.count += 1
+                    self.contexts.append(context)
                 self._starters.append(me)
             t = None
             join = False
             try:
-                t = threading.Thread(target=self._run, args=(work, wid), name=f"{self.name}-w{wid}",
+                t = threading.Thread(target=self._run, args=(work, context), name=f"{self.name}-w{wid}",
                                      daemon=True)
                 t.start()
             finally:
@@ -108,17 +100,16 @@ cdef class _LoaderThreads:
             if join and t is not None:
                 _join_or_warn((t,), CLOSE_GRACE_S, f"loader {self.name!r}", _inside_dataset)
 
-    def _run(self, _ThreadWork work, int wid):
-        """Loader thread ``wid``: claim a row, load its sample, hand it to the
+    def _run(self, _ThreadWork work, _ThreadContext t):
+        """Loader thread ``t``: claim a row, load its sample, hand it to the
         work, until the work closes. Its time inside load() is counted here."""
         cdef _Batch b
         cdef Py_ssize_t row = 0
         cdef int64_t t0
         cdef unsigned fork_epoch = pf_fork_epoch()
-        cdef _ThreadContext t = _ThreadContext(work, wid)
         t.enter()
-        self.clocks[wid] = _this_thread_clock()
-        self.tids[wid] = threading.get_native_id()
+        t.clock = _this_thread_clock()
+        t.tid = threading.get_native_id()
         try:
             try:
                 load = work.thread_load(t)
@@ -126,7 +117,7 @@ cdef class _LoaderThreads:
                 work.thread_failed(t, exc)
                 load = None
             if load is None:
-                self.gone(wid)   # the next ensure() starts another in its place
+                t.gone = True   # the next ensure() starts another in its place
                 # Woken only now that this frame holds the error no more: the
                 # consumer's frames join its traceback once it is raised there.
                 work.wake()
@@ -141,7 +132,7 @@ cdef class _LoaderThreads:
                     work.done(b, t)   # dropped, or an earlier batch failed: never taken
                     continue
                 t0 = pf_now_ns()
-                self.busy(wid, key, t0)
+                t.busy(key, t0)
                 sample = None
                 try:
                     work.check_key(key)
@@ -157,22 +148,13 @@ cdef class _LoaderThreads:
                     # child's only one, ends here, and the child with it.
                     return
                 self.load_ns += pf_now_ns() - t0
-                self.busy(wid, None, 0)
+                t.busy(None, 0)
                 t.sample = None
                 work.loaded(b, row, key, t, sample)
                 sample = None   # before the next load: a dataset may check its buffer is free
                 work.done(b, t)
         finally:
             t.leave()
-
-    cdef void gone(self, int wid):
-        """Thread ``wid`` left (its worker_init failed): the next ensure() replaces it."""
-        self._gone[wid] = True
-
-    cdef void busy(self, int wid, key, int64_t since):
-        """Thread ``wid`` loads ``key`` since ``since`` (0: it is idle)."""
-        self.busy_since[wid] = since
-        self.busy_key[wid] = key
 
     # A thread woken from its wait for work needs the GIL to run again. Where
     # the dataset's Python holds it, a woken thread may wait a whole batch:
@@ -182,16 +164,16 @@ cdef class _LoaderThreads:
     # per batch, not per sample, and are never inside load() together; the
     # gauge counts this wait as time at work, so that it sees them queue.
 
-    cdef int64_t wait_for_work(self, int wid) except -1:
-        """Thread ``wid`` waits for work a slice (the condition held): the time
+    cdef int64_t wait_for_work(self, _ThreadContext t) except -1:
+        """Thread ``t`` waits for work a slice (the condition held): the time
         it then waited to run since woken (0: its wait timed out)."""
         cdef int64_t since
-        self.woken_at[wid] = WAITING
+        t.woken_at = WAITING
         try:
             self._cv.wait(WAIT_SLICE_S)
         finally:
-            since = self.woken_at[wid]
-            self.woken_at[wid] = 0
+            since = t.woken_at
+            t.woken_at = 0
         if since <= 0:
             return 0
         since = pf_now_ns() - since
@@ -200,41 +182,41 @@ cdef class _LoaderThreads:
 
     cdef void woken(self, int64_t now):
         """The condition is notified at ``now`` (under it): the threads waiting for work wake."""
-        cdef int w
-        for w in range(self.count):
-            if self.woken_at[w] == WAITING:
-                self.woken_at[w] = now
+        cdef _ThreadContext t
+        for t in self.contexts:
+            if t.woken_at == WAITING:
+                t.woken_at = now
 
     cdef int64_t at_work_ns(self, int64_t now):
         """The threads' time at work so far, summed: inside load(), or woken
         for work and waiting to run (the gauge's `busy`)."""
         cdef int64_t total = self.load_ns + self.ready_ns
-        cdef int w
-        for w in range(self.count):
-            since = self.busy_since[w]
-            if since:
-                total += now - <int64_t>since
-            since = self.woken_at[w]
-            if since > 0:
-                total += now - <int64_t>since
+        cdef _ThreadContext t
+        for t in self.contexts:
+            if t.busy_since:
+                total += now - t.busy_since
+            if t.woken_at > 0:
+                total += now - t.woken_at
         return total
 
-    cdef tuple at_work(self):
-        """The CPU clocks and kernel ids of the threads at work now, inside
-        load() or woken for it (the GIL probe's: a thread waiting for work
-        waits for work, not for the GIL)."""
+    cdef tuple clocks_and_tids(self, bint at_work):
+        """The CPU clocks and kernel ids of the threads (the meter's), or
+        with ``at_work`` of those at work now, inside load() or woken for it
+        (the GIL probe's: a thread waiting for work waits for work, not for
+        the GIL)."""
+        cdef _ThreadContext t
         clocks, tids = [], []
-        for w in range(self.count):
-            if self.busy_since[w] or self.woken_at[w] > 0:
-                clocks.append(self.clocks[w])
-                tids.append(self.tids[w])
+        for t in self.contexts:
+            if not at_work or t.busy_since or t.woken_at > 0:
+                clocks.append(t.clock)
+                tids.append(t.tid)
         return clocks, tids
 
     cdef str describe(self):
         cdef int64_t now = pf_now_ns()
-        busy = [f"thread {self.name}-w{w} inside load({self.busy_key[w]!r}) for "
-                f"{(now - self.busy_since[w]) / 1e9:.1f} s"
-                for w in range(self.count) if self.busy_since[w]]
+        cdef _ThreadContext t
+        busy = [f"thread {self.name}-w{t.wid} inside load({t.busy_key!r}) for {(now - t.busy_since) / 1e9:.1f} s"
+                for t in self.contexts if t.busy_since]
         return "; ".join(busy) if busy else "none is loading"
 
     cdef void close(self, double grace) except *:

@@ -111,10 +111,6 @@ def _kinds_size():
     return len(_kinds)
 
 
-cdef bint _is_heap(type t):
-    return PyType_GetFlags(<PyTypeObject *>t) & Py_TPFLAGS_HEAPTYPE != 0
-
-
 cdef bint _is_python_class(type t):
     # A class statement makes a mutable heap type. C types are static or, since
     # 3.12 for many stdlib ones (defaultdict, deque), immutable heap types.
@@ -131,10 +127,7 @@ cdef object _layout(type t, type builtin):
         if not _is_python_class(c) or c is builtin:
             solid = c
             break
-    if solid is builtin:
-        lay.base = {object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin]
-    else:
-        lay.base = B_COPY
+    lay.base = {object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin] if solid is builtin else B_COPY
     lay.has_dict = t.__dictoffset__ != 0
     lay.slots = _slot_names(t)
     return None if lay.slots is None else lay
@@ -207,7 +200,7 @@ cdef inline tuple _kind_of(type t):
     if found is None:
         kind, handler = _classify(t)
         ref = None
-        if _is_heap(t):
+        if PyType_GetFlags(<PyTypeObject *>t) & Py_TPFLAGS_HEAPTYPE:   # a type that may die
             ref = weakref.ref(t, functools.partial(_forget, key))
         found = (kind, handler, ref)
         _kinds[key] = found
@@ -293,7 +286,7 @@ cdef tuple _children(object obj, int kind, object handler):
     if kind == K_STATE:
         lay = <_Layout>handler
         keys = None
-        if lay.base == B_TUPLE or (lay.base == B_COPY and isinstance(obj, tuple)):
+        if lay.base == B_TUPLE:   # (a C tuple subclass is never K_STATE: _classify)
             # The C-level items, never an overridden __iter__/__getitem__/keys.
             items = PyTuple_GetSlice(obj, 0, len(<tuple>obj))
         elif lay.base == B_LIST or (lay.base == B_COPY and isinstance(obj, list)):
@@ -307,22 +300,7 @@ cdef tuple _children(object obj, int kind, object handler):
         if not lay.has_dict and not lay.slots:
             return (items, (obj, lay, m, keys, None, None))
         children = list(items)
-        names = None
-        if lay.has_dict:
-            state = PyObject_GenericGetDict(obj, NULL)
-            if state:
-                names = list((<dict>state).keys())
-                children.extend((<dict>state).values())
-        slots = None
-        if lay.slots:
-            slots = []
-            for name in lay.slots:
-                try:
-                    value = object.__getattribute__(obj, name)
-                except AttributeError:
-                    continue        # an unset slot (e.g. field(init=False)) stays unset
-                slots.append(name)
-                children.append(value)
+        names, slots = _state_of(obj, lay.has_dict, lay.slots, children)
         return (children, (obj, lay, m, keys, names, slots))
     if kind == K_STRUCTSEQ:
         # Its pickle form: (type, (visible items, {hidden field: value})).
@@ -368,16 +346,42 @@ cdef object _rebuild(int kind, object aux, list children):
                 new[k] = v
         elif isinstance(new, list):
             new[:] = children[:m]
-    d = m
+    _set_state(new, names, slots, children, m)
+    return new
+
+
+cdef tuple _state_of(object obj, bint has_dict, tuple slots, list values):
+    """``obj``'s instance state, appended to ``values``: its __dict__'s values
+    (where ``has_dict``), then each of ``slots`` that is set. Returns (the
+    dict's names, the slots set), each None where there are none."""
+    names = set_slots = None
+    if has_dict:
+        state = PyObject_GenericGetDict(obj, NULL)
+        if state:
+            names = list((<dict>state).keys())
+            values.extend((<dict>state).values())
+    if slots:
+        set_slots = []
+        for name in slots:
+            try:
+                value = object.__getattribute__(obj, name)
+            except AttributeError:
+                continue        # an unset slot (e.g. field(init=False)) stays unset
+            set_slots.append(name)
+            values.append(value)
+    return names, set_slots
+
+
+cdef void _set_state(object obj, names, set_slots, list values, Py_ssize_t at) except *:
+    """What _state_of read, set on ``obj`` from ``values[at:]``."""
     if names is not None:
         # Filled in place: PyObject_GenericSetDict loses the values on 3.13.0
         # (objects with inline values).
-        (<dict>PyObject_GenericGetDict(new, NULL)).update(zip(names, children[m:m + len(names)]))
-        d += len(names)
-    if slots is not None:
-        for name, v in zip(slots, children[d:]):
-            object.__setattr__(new, name, v)   # also on frozen dataclasses
-    return new
+        (<dict>PyObject_GenericGetDict(obj, NULL)).update(zip(names, values[at:at + len(names)]))
+        at += len(names)
+    if set_slots is not None:
+        for name, v in zip(set_slots, values[at:]):
+            object.__setattr__(obj, name, v)   # also on frozen dataclasses
 
 
 cdef object _unflatten(list nodes, list leaves):
@@ -425,31 +429,34 @@ cdef str _label(tuple node, Py_ssize_t p):
     return f"[{p}]"
 
 
-cdef str _cycle_message(list nodes, list path, object obj):
-    """'batch[1]['x'] is the same list as batch[1]': where the batch contains itself."""
-    # Replay the preorder to find, for the last node, its ancestors and the
-    # position of the path's child in each: [node index, children seen].
-    cdef list stack = []
-    cdef list where = []           # the label of each step from the root
-    cdef Py_ssize_t i, j = 0
+cdef list _node_paths(list nodes, str root, list stack=None):
+    """How each preorder node is reached from the root: root[0]['x'].name.
+    ``stack`` (given: empty) ends holding [node index, children seen, its
+    path] of each container open at the last node, outermost first."""
+    cdef list out = []
+    cdef Py_ssize_t i
+    if stack is None:
+        stack = []
     for i in range(len(nodes)):
         while stack and stack[len(stack) - 1][1] == nodes[stack[len(stack) - 1][0]][2]:
             stack.pop()
-            where.pop()
         if stack:
             top = stack[len(stack) - 1]
-            where.append(_label(nodes[top[0]], top[1]))
+            here = top[2] + _label(nodes[top[0]], top[1])
             top[1] += 1
         else:
-            where.append("")
+            here = root
+        out.append(here)
         if nodes[i] is not None and nodes[i][2]:
-            stack.append([i, 0])
-        elif i < len(nodes) - 1:
-            where.pop()
-    for j in range(len(path)):
-        if path[j] is obj:
-            break
-    here = "batch" + "".join(where)
-    ancestor = "batch" + "".join(where[:j + 1])
+            stack.append([i, 0, here])
+    return out
+
+
+cdef str _cycle_message(list nodes, list path, object obj):
+    """'batch[1]['x'] is the same list as batch[1]': where the batch contains
+    itself. The last node is ``obj`` again, and ``path`` its ancestors."""
+    cdef list open = []            # _flatten's ``path``, then the last node
+    here = _node_paths(nodes, "batch", open)[len(nodes) - 1]
+    ancestor = next(o[2] for o, p in zip(open, path) if p is obj)
     return (f"the batch contains itself: {here} is the same {type(obj).__name__} as "
             f"{ancestor} (its own ancestor); a batch must be a tree")

@@ -14,6 +14,8 @@
 # (stats().tune_reason); a failed trial asks the gauge (_gauge.pxi) whether its
 # threads took turns on the GIL. Publisher thread only.
 
+cdef int RECENT = 3   # windows at the current count a trial is measured against
+
 
 @cython.final
 cdef class _Tuner:
@@ -22,6 +24,7 @@ cdef class _Tuner:
 
     def __cinit__(self, int max_threads, double cpus):
         self.max_threads = max_threads
+        self.recent = []
         self.ceiling = max_threads
         self.cpus = cpus
         self.reason = ""
@@ -43,21 +46,17 @@ cdef class _Tuner:
         if self.t0 == 0:
             self._new_window(now, samples, wait_ns)
             return threads
-        self.batches += 1
-        elapsed = now - self.t0
-        if self.batches < 3 or elapsed < 50 * 1000 * 1000:
+        if not self.due(now):
+            self.batches += 1
             return threads
+        elapsed = now - self.t0
         rate = (samples - self.samples0) / (elapsed / 1e9)
         waited = (wait_ns - self.wait0) / <double>elapsed
         busy = (time.process_time() - self.cpu0) / (elapsed / 1e9)
         self._new_window(now, samples, wait_ns)
         return self.decide(threads, rate, waited, busy, gauge)
 
-    def window(self, int threads, double rate, double waited, double busy):
-        """decide() for one window's figures, without a gauge (tests)."""
-        return self.decide(threads, rate, waited, busy, None)
-
-    cdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1:
+    cpdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1:
         """The count after a window at ``threads`` that loaded ``rate``
         samples/s while the publisher waited ``waited`` of the time and the
         process used ``busy`` CPUs; ``gauge`` (or None) judges a failed trial."""
@@ -76,11 +75,10 @@ cdef class _Tuner:
                                                                       self.trial_low / self.trial_rate)
                 self.reason = "serialized" if serialized else "no gain"
                 return threads_before
-            self.n_recent = 0   # a new count: its own windows from now on
-            self._remember(rate)
+            self.recent = [rate]   # a new count: its own windows from now on
             self.reason = "growing"
             return threads
-        self._remember(rate)
+        self.recent = self.recent[1 - RECENT:] + [rate]
         if self.retry:
             self.retry -= 1
             if not self.retry:
@@ -91,7 +89,7 @@ cdef class _Tuner:
         if (waited > 0.1 and threads < self.ceiling and busy < self.cpus - 0.25
                 and (2 * threads <= self.cpus or io_like)):
             self.trial_from = threads
-            self.trial_rate = self._best_recent()
+            self.trial_rate = max(self.recent, default=0.0)
             self.trial_windows = 0
             self.reason = "growing"
             return min(self.ceiling, 2 * threads)
@@ -104,23 +102,6 @@ cdef class _Tuner:
             self.reason = "thread limit"
         # else: the last trial's reason, until its ceiling is lifted
         return threads
-
-    cdef void _remember(self, double rate):
-        """One more window at the current count (the oldest of RECENT goes)."""
-        cdef int i
-        if self.n_recent == RECENT:
-            for i in range(RECENT - 1):
-                self.recent[i] = self.recent[i + 1]
-            self.n_recent -= 1
-        self.recent[self.n_recent] = rate
-        self.n_recent += 1
-
-    cdef double _best_recent(self):
-        cdef int i
-        cdef double best = 0.0
-        for i in range(self.n_recent):
-            best = max(best, self.recent[i])
-        return best
 
     cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *:
         self.t0 = now

@@ -321,6 +321,36 @@ def test_max_bytes_bounds_buffered_bytes_but_delivers_big_batch_alone():
     assert s.peak_fill <= 2
 
 
+@pytest.mark.timeout(30)
+def test_max_bytes_waits_for_room_before_it_copies_a_batch():
+    """§2 max_bytes, §5: the producer waits for room for a batch's bytes before
+    it copies it, so what is held ahead (the ring and the batch being copied)
+    stays under the cap. With 1 MiB batches and a cap of 1.5 MiB, a consumer
+    that takes nothing finds one batch copied, the second pulled and waiting,
+    not copied on top (2 MiB held)."""
+    mib = 1 << 20
+    pulled = []
+
+    def held(s):   # a fresh array the source keeps no reference to is handed over, not copied
+        return s.bytes_copied + s.bytes_handed_over
+
+    def source():
+        for i in range(4):
+            pulled.append(i)
+            yield np.full(mib, i, np.uint8)
+
+    with Prefetcher(source(), depth=4, max_bytes=mib + mib // 2) as p:
+        # Until the publisher stands still: batch 2 pulled and waiting for
+        # room, or (over the cap) copied.
+        while held(p.stats()) <= mib and not (
+                len(pulled) == 2 and "waiting for room under max_bytes" in p._core._doing_text()):
+            pass
+        s = p.stats()
+        assert (held(s), s.fill, len(pulled)) == (mib, 1, 2), s
+        got = [int(b[0]) for b in p]
+    assert got == [0, 1, 2, 3]
+
+
 def test_repr_shows_name_depth_fill_and_state():
     p = Prefetcher([1], depth=2, name="train")
     assert "name='train'" in repr(p) and "depth=2" in repr(p) and "state=running" in repr(p)

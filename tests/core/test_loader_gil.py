@@ -170,16 +170,16 @@ def test_a_failed_trial_whose_last_probe_could_not_tell_probes_the_threads_then(
     g = _Gauge("x", cpus=2)
     answers = Answers(None, True)
     assert not g.window(W, 2, *GIL_BOUND, answers)
-    assert g.trial(2, 1, 1.01) and not answers.verdicts
+    assert g.trial_failed(2, 1, 1.01) and not answers.verdicts
     w = g.take_notice()
     assert w.speedup == pytest.approx(1.01) and w.parallelism == pytest.approx(1.0)
     g = _Gauge("x", cpus=2)
     g.window(W, 2, *GIL_BOUND, Answers(None, False))
-    assert not g.trial(2, 1, 1.01) and g.take_notice() is None
+    assert not g.trial_failed(2, 1, 1.01) and g.take_notice() is None
     g = _Gauge("x", cpus=2)
     answers = Answers(True)
     g.window(W, 2, *PARALLEL, answers)
-    assert not g.trial(2, 1, 1.01) and answers.verdicts == [True]   # ran in parallel: no probe
+    assert not g.trial_failed(2, 1, 1.01) and answers.verdicts == [True]   # ran in parallel: no probe
 
 
 def test_one_cpu_gives_figures_but_no_notice():
@@ -202,9 +202,9 @@ def test_a_failed_trial_of_serialized_threads_notices_with_its_speedup():
     its last window was serialized, so the notice says so with the speedup."""
     g = _Gauge("x", cpus=2)
     feed(g, PARALLEL)
-    assert not g.trial(2, 1, 1.02)   # its last window ran in parallel
+    assert not g.trial_failed(2, 1, 1.02)   # its last window ran in parallel
     feed(g, GIL_BOUND)
-    assert g.trial(2, 1, 1.02)
+    assert g.trial_failed(2, 1, 1.02)
     w = g.take_notice()
     assert w.speedup == pytest.approx(1.02) and w.threads == 2
     assert "2 threads loaded at 1.02 x the speed of 1, so it keeps 1" in str(w)

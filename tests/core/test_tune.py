@@ -12,7 +12,7 @@ def feed(tuner, threads, windows):
     """The count after each of ``windows`` (rate, waited, busy), starting at ``threads``."""
     counts = []
     for rate, waited, busy in windows:
-        threads = tuner.window(threads, rate, waited, busy)
+        threads = tuner.decide(threads, rate, waited, busy, None)
         counts.append(threads)
     return counts
 
