@@ -664,13 +664,13 @@ class _ThreadIter:
             return "its DataLoader is gone" if loader is None else (
                 MID_STREAM if self._iterable else why_not_processes(loader))
         if self._choice.decide(why_not, lambda note, reason: say(note, loader, reason)):
-            self._hand_over()   # where the epoch cannot be cut, the next one begins in processes
+            self._hand_over()   # where every batch was opened, the next epoch begins in processes
 
     def _hand_over(self) -> None:
         """The batches of the epoch begun that no thread opened go to torch's
         worker processes (started here, or persistent ones reset), which load
-        them while the threads finish theirs."""
-        self._source.drop_following()   # the next epoch is not opened early on threads
+        them while the threads finish theirs (and the next epoch's batches
+        they opened early, which it hands out first)."""
         rest = None if self._batches is None else self._batches.rest()
         loader = self._loader()
         if (rest is None and not self._iterable) or loader is None:

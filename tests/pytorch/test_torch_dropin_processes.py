@@ -314,3 +314,54 @@ def test_a_stream_in_processes_closed_or_dropped_mid_epoch_leaves_no_process(how
     for p in children():
         p.wait(timeout=30)
     assert children() == []
+
+
+
+
+def a_gil_notice():
+    """The notice the core's gauge gives for GIL-bound windows (its scripted figures)."""
+    gauge = core._Gauge("torch-DataLoader", cpus=2)
+    for _ in range(3):
+        gauge.window(0.1, 2, *GIL_BOUND, True)
+    return gauge.take_notice()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("taken", [4, 24])
+def test_a_persistent_loader_switched_mid_epoch_loads_each_index_once_an_epoch(monkeypatch, taken):
+    """Persistent workers open an epoch's first batches while the last
+    prefetch_factor * num_workers of the one before are consumed. The
+    verdict comes after ``taken`` of 32 batches of such an epoch (itself
+    opened early): 4, it is cut (the threads hand out the batches they
+    opened, torch's workers load the rest); 24, every batch of it and the
+    next epoch's first batches are open: the latter are that epoch's
+    first batches, handed out from the threads, and torch's workers load the
+    rest of it. Each index loaded once an epoch, in torch's order."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND, probe=None))   # no verdict of its own
+    ds = Counted(128)
+    def made(cls):
+        return cls(ds, batch_size=4, num_workers=2, prefetch_factor=8, persistent_workers=True, shuffle=True,
+                   generator=torch.Generator().manual_seed(11))
+    dl = made(DataLoader)
+    mine = [np.concatenate([b.numpy() for b in dl]) for _ in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        it = iter(dl)
+        got = [next(it).numpy() for _ in range(taken)]
+        while taken == 24 and max(ds.calls) < 4:   # until the next epoch's first batch opens
+            threading.Event().wait(0.001)
+        dl._choice.notices.append(a_gil_notice())   # as the core's on_notice passes it
+        mine.append(np.concatenate(got + [b.numpy() for b in it]))
+        mine += [np.concatenate([b.numpy() for b in dl]) for _ in range(2)]
+    assert list(ds.calls) == [5] * len(ds)   # not on threads, then again in processes
+    assert len([w for w in caught if issubclass(w.category, GILBoundWarning)]) == 1
+    assert (mine[2][:taken, 1] == MAIN).all() and (mine[2][:, 1] != MAIN).any() == (taken == 4)
+    assert (mine[4][:, 1] != MAIN).all()
+    dl.close()
+    torchs = made(torch.utils.data.DataLoader)
+    theirs = [np.concatenate([b.numpy() for b in torchs]) for _ in mine]
+    del torchs   # its persistent workers end with it
+    gc.collect()
+    assert [a[:, 0].tolist() for a in mine] == [b[:, 0].tolist() for b in theirs]
+
