@@ -585,6 +585,8 @@ class _ThreadIter:
         if self._choice.processes and self._iterable:
             self._hand_over()   # torch's workers read the stream from its start
             self._epoch, self._drained = self._processes, True
+            # The threads' Loader counts the epoch begun, as where it loads one itself.
+            self._source.set_epoch(self._epoch.state["epoch"] + 1)
             return
         self._epoch = iter(self._source)   # a map-style epoch reads its sampler here (_Batches)
         if self._choice.processes:

@@ -365,3 +365,20 @@ def test_a_persistent_loader_switched_mid_epoch_loads_each_index_once_an_epoch(m
     gc.collect()
     assert [a[:, 0].tolist() for a in mine] == [b[:, 0].tolist() for b in theirs]
 
+
+@pytest.mark.timeout(120)
+def test_a_persistent_stream_in_processes_counts_its_epochs_in_its_state_as_a_map_style_dataset_does():
+    """state_dict()'s epoch: the epoch begun (before its first batch), then
+    the next one (between epochs), whatever the dataset's kind."""
+    def epochs(dataset):
+        dl = DataLoader(dataset, batch_size=4, num_workers=2, loading="processes", persistent_workers=True)
+        seen = []
+        for _ in range(3):
+            it = iter(dl)
+            seen.append(dl.state_dict()["epoch"])
+            for _ in it:
+                pass
+            seen.append(dl.state_dict()["epoch"])
+        dl.close()
+        return seen
+    assert epochs(Shards()) == epochs(Counted(48)) == [0, 1, 1, 2, 2, 3]
