@@ -49,7 +49,15 @@ from prefetch._framework import (
 )
 from prefetch.torch._collate import as_torch
 from prefetch.torch._device import PinnedHost
-from prefetch.torch._processes import MID_STREAM, STREAM_STATE, TorchEpoch, Workers, say, why_not_processes
+from prefetch.torch._processes import (
+    MID_STREAM,
+    OUT_OF_ORDER,
+    STREAM_STATE,
+    TorchEpoch,
+    Workers,
+    say,
+    why_not_processes,
+)
 from prefetch.torch._sampler import (
     _Batches,
     _generators,
@@ -141,7 +149,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     or ``"auto"`` (the default: threads, until they measure that
     ``dataset[i]`` holds the GIL: torch's processes then load the rest of a
     map-style dataset; an ``IterableDataset`` stays on threads, as its
-    workers' positions cannot move mid-epoch, and the warning says so).
+    workers' positions cannot move mid-epoch, and so does ``in_order=False``,
+    whose state names each batch handed out: the warning says why).
     ValueError for any other value.
 
     Differences from torch's:
@@ -549,8 +558,8 @@ class _ThreadIter:
                                        order=_order(loader), said_batch_size=loader.batch_size,
                                        stream=self._iterable,
                                        remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
-                                       # ordered batches (the state counts them), workers to hand them to
-                                       on_notice=self._choice.on_notice(loader.in_order and loader.num_workers > 0),
+                                       # workers to hand the batches to (one thread: no notice)
+                                       on_notice=self._choice.on_notice(loader.num_workers > 0),
                                        **batching, **options)
         if resume is not None:
             self._source.load_checked(*checked)   # checked once, by load_state_dict
@@ -664,7 +673,7 @@ class _ThreadIter:
 
         def why_not() -> str | None:
             return "its DataLoader is gone" if loader is None else (
-                MID_STREAM if self._iterable else why_not_processes(loader))
+                MID_STREAM if self._iterable else OUT_OF_ORDER if not loader.in_order else why_not_processes(loader))
         if self._choice.decide(why_not, lambda note, reason: say(note, loader, reason)):
             self._hand_over()   # where every batch was opened, the next epoch begins in processes
 

@@ -55,6 +55,9 @@ def why_not_processes(loader: Any) -> Optional[str]:
 # Why a stream's epoch stays on threads under loading="auto".
 MID_STREAM = ("an IterableDataset's epoch cannot move to them mid-epoch (each worker's position in the stream is "
               "its thread's); loading='processes' loads it in torch's worker processes from the start")
+# Why a map-style dataset's epoch with in_order=False stays on threads under loading="auto".
+OUT_OF_ORDER = ("with in_order=False its state_dict() names each batch handed out, which torch's worker processes "
+                "do not report (with in_order=True they take over)")
 
 
 def say(note: Any, loader: Any, reason: Optional[str]) -> None:
@@ -62,7 +65,8 @@ def say(note: Any, loader: Any, reason: Optional[str]) -> None:
     say_handover(note, reason, framework="torch", loader="torch.utils.data.DataLoader",
                  workers=0 if loader is None else loader.num_workers,
                  method="" if loader is None else start_method(loader.multiprocessing_context),
-                 same="the same batches, order, seeds and state_dict()", cannot_run=reason is not MID_STREAM)
+                 same="the same batches, order, seeds and state_dict()",
+                 cannot_run=reason not in (MID_STREAM, OUT_OF_ORDER))
 
 
 class _Rest:

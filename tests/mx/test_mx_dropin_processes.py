@@ -216,3 +216,32 @@ def test_a_state_taken_in_processes_resumes_with_the_batches_not_handed_out(gil_
     assert (flat(again)[:, 1] != MAIN).all()
     dl.close()
     fresh.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_verdict_in_a_passs_last_batches_loads_each_index_once_a_pass(monkeypatch):
+    """Gluon starts the next pass as one ends (auto_reload): a verdict in a
+    pass's last batches leaves the next one to the pool from its start,
+    none of it loaded on threads first (a guard: each pass a Loader of its
+    own, none of whose batches open early)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND, probe=None))   # no verdict of its own
+    gauge = core._Gauge("gluon-DataLoader", cpus=2)
+    for _ in range(3):
+        gauge.window(0.1, 2, *GIL_BOUND, True)
+    ds = Counted(64)
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        passes = [flat([b.asnumpy() for b in dl])]
+        got = []
+        for k, batch in enumerate(dl):
+            got.append(batch.asnumpy())
+            if k == len(dl) - 2:
+                dl._choice.notices.append(gauge.take_notice())   # as the core's on_notice passes it
+        passes += [flat(got), flat([b.asnumpy() for b in dl])]
+    assert list(ds.calls) == [3] * len(ds)
+    assert len([w for w in caught if issubclass(w.category, GILBoundWarning)]) == 1
+    assert (passes[1][:, 1] == MAIN).all() and (passes[2][:, 1] != MAIN).all()
+    dl.close()
+    assert children() == []

@@ -382,3 +382,29 @@ def test_a_persistent_stream_in_processes_counts_its_epochs_in_its_state_as_a_ma
         dl.close()
         return seen
     assert epochs(Shards()) == epochs(Counted(48)) == [0, 1, 1, 2, 2, 3]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_gil_bound_loader_with_in_order_false_stays_on_threads_and_the_warning_says_why(gil_bound, stream):
+    """The drop-in's own warning, as for any loader it keeps on threads:
+    what it did, and why (not the core's alone)."""
+    dl = DataLoader(Shards(N, wait=0.002) if stream else Counted(), batch_size=4, num_workers=2, in_order=False)
+    (got,), notes = run(dl)
+    assert sorted(got[:, 0].tolist()) == list(range(N)) and (got[:, 1] == MAIN).all()
+    assert len(notes) == 1, [str(w.message) for w in notes]
+    text = str(notes[0].message)
+    assert "stays on threads" in text and ("mid-epoch" if stream else "in_order=False") in text
+    assert dl.stats().loading == "threads"
+    dl.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stream", [False, True])
+def test_with_num_workers_0_a_gil_bound_loader_gives_no_advice_about_processes(gil_bound, stream):
+    """One thread, as torch's main process: nothing to measure threads
+    taking turns by, and no processes the user asked for (a guard)."""
+    dl = DataLoader(Shards(N, wait=0.002) if stream else Locked(), batch_size=4)
+    (got,), notes = run(dl)
+    assert (got[:, 1] == MAIN).all() and not notes and dl.stats().loading == "threads"
+    dl.close()
