@@ -49,15 +49,7 @@ from prefetch._framework import (
 )
 from prefetch.torch._collate import as_torch
 from prefetch.torch._device import PinnedHost
-from prefetch.torch._processes import (
-    MID_STREAM,
-    OUT_OF_ORDER,
-    STREAM_STATE,
-    TorchEpoch,
-    Workers,
-    say,
-    why_not_processes,
-)
+from prefetch.torch._processes import MID_STREAM, STREAM_STATE, TorchEpoch, Workers, say, why_not_processes
 from prefetch.torch._sampler import (
     _Batches,
     _generators,
@@ -673,7 +665,7 @@ class _ThreadIter:
 
         def why_not() -> str | None:
             return "its DataLoader is gone" if loader is None else (
-                MID_STREAM if self._iterable else OUT_OF_ORDER if not loader.in_order else why_not_processes(loader))
+                MID_STREAM if self._iterable else why_not_processes(loader))
         if self._choice.decide(why_not, lambda note, reason: say(note, loader, reason)):
             self._hand_over()   # where every batch was opened, the next epoch begins in processes
 

@@ -17,11 +17,9 @@ while this one's last are consumed. The replay is torch's own classes over
 sampler gives; the real sampler is still read (for its draws), and the
 next epoch's early batches are kept only when its plan, read again as it
 begins, is the one they were opened for (the same length, batch size and
-generator state: no one drew from the generator in between). The next
-epoch's key lists are a ``Cut`` of their own (``_Early``): an epoch that
-adopts its early batches is cut for torch's worker processes as any other,
-and a cut stops the next epoch's early opening too (those opened are its
-first batches, handed out from the threads).
+generator state: no one drew from the generator in between). Its key
+lists are a ``Cut`` (``_Early``): cut for torch's worker processes as any
+epoch's, its batches opened early handed out first, from the threads.
 
 torch's ``RandomSampler`` (without replacement) makes a list of every index
 for each permutation: 1.5 M indices are a 12 MB list of 1.5 M int objects,
@@ -91,16 +89,12 @@ class _Plan(NamedTuple):
         return self._replace(epoch=self.epoch + 1, state=bytes(g.get_state().numpy()))
 
 
-class _Early:
+class _Early(NamedTuple):
     """The next epoch's plan as the Loader opens its first batches early:
     the Loader's token for that epoch (``order``), whose key lists are a
     ``Cut`` of their own (what the threads took of them is known)."""
-
-    __slots__ = ("plan", "cut")
-
-    def __init__(self, plan: _Plan) -> None:
-        self.plan = plan
-        self.cut = Cut(plan.batches(), False, 0)
+    plan: _Plan
+    cut: Cut
 
     def batches(self) -> Cut:
         return self.cut
@@ -239,7 +233,7 @@ class _Batches:
             with self.lock:
                 plan = _plan(self.sampler, self.single, self.number)
                 early, self._next = self._next, None
-                self.adopted = early if plan is not None and early is not None and plan == early.plan else None
+                self.adopted = early if early is not None and plan == early.plan else None
                 # Once processes load the epochs, one opened early is still handed out first.
                 self.plan = plan if self.adopted or not self.choice.processes else None
                 self._open()
@@ -291,9 +285,8 @@ class _Batches:
         self.token = object()     # the Loader epoch of an earlier one takes nothing more
 
     def order(self, epoch: int) -> Any:
-        """The plan of the Loader's epoch ``epoch`` (its token): the one
-        begun, or the next (none once processes load the epochs: none is
-        opened early).
+        """The plan of the Loader's epoch ``epoch``: the one begun, or the
+        next (none once processes load the epochs: none is opened early).
         The next one is made when first asked for (by a persistent loader as
         its next epoch begins), not as this one begins: it costs the draws of
         an epoch (``randperm(n)`` twice), and a loader that is not persistent
@@ -306,7 +299,8 @@ class _Batches:
         if self.choice.processes:
             return None
         if self._next is None:
-            self._next = _Early(plan.following())
+            following = plan.following()
+            self._next = _Early(following, Cut(following.batches(), False, 0))
         return self._next
 
     def read_to(self, tries: int) -> None:
