@@ -114,11 +114,6 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
         """The GIL warning was given (or was already, by ``gil_noticed=``)."""
         return bool(self._stage.gil_noticed)
 
-    def drop_following(self) -> None:
-        """The next epoch is not opened early (what opened of it is let go):
-        its batches are loaded elsewhere."""
-        self._stage.drop_following()
-
     def _keys(self, epoch: int) -> tuple[Any, int, int]:
         batches, n_keys, rows = super()._keys(epoch)
         return batches, n_keys if self._stream else MAP_KEYS_UNCHECKED, rows

@@ -366,6 +366,18 @@ class ScriptedMeter:
 GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # ScriptedMeter's figures of a GIL-bound dataset[i] (tests/core/test_loader_gil.py)
 
 
+def a_gil_notice(name):
+    """The notice the core's gauge gives a loader called ``name`` for GIL-bound
+    windows (ScriptedMeter's figures), to hand to a drop-in as its on_notice
+    would: where the test, not the gauge's window rules, decides the batch."""
+    import prefetch._core as core
+
+    gauge = core._Gauge(name, cpus=2)
+    for _ in range(3):
+        gauge.window(0.1, 2, *GIL_BOUND, True)
+    return gauge.take_notice()
+
+
 class CountedLoads:
     """A dataset of ``n`` samples that counts its loads per index in memory
     forked workers share (each index loaded exactly once?); a framework's

@@ -141,7 +141,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     or ``"auto"`` (the default: threads, until they measure that
     ``dataset[i]`` holds the GIL: torch's processes then load the rest of a
     map-style dataset; an ``IterableDataset`` stays on threads, as its
-    workers' positions cannot move mid-epoch, and the warning says so).
+    workers' positions cannot move mid-epoch, and so does ``in_order=False``,
+    whose state names each batch handed out: the warning says why).
     ValueError for any other value.
 
     Differences from torch's:
@@ -549,8 +550,8 @@ class _ThreadIter:
                                        order=_order(loader), said_batch_size=loader.batch_size,
                                        stream=self._iterable,
                                        remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
-                                       # ordered batches (the state counts them), workers to hand them to
-                                       on_notice=self._choice.on_notice(loader.in_order and loader.num_workers > 0),
+                                       # workers to hand the batches to (one thread: no notice)
+                                       on_notice=self._choice.on_notice(loader.num_workers > 0),
                                        **batching, **options)
         if resume is not None:
             self._source.load_checked(*checked)   # checked once, by load_state_dict
@@ -585,6 +586,8 @@ class _ThreadIter:
         if self._choice.processes and self._iterable:
             self._hand_over()   # torch's workers read the stream from its start
             self._epoch, self._drained = self._processes, True
+            # The threads' Loader counts the epoch begun, as where it loads one itself.
+            self._source.set_epoch(self._epoch.state["epoch"] + 1)
             return
         self._epoch = iter(self._source)   # a map-style epoch reads its sampler here (_Batches)
         if self._choice.processes:
@@ -664,13 +667,13 @@ class _ThreadIter:
             return "its DataLoader is gone" if loader is None else (
                 MID_STREAM if self._iterable else why_not_processes(loader))
         if self._choice.decide(why_not, lambda note, reason: say(note, loader, reason)):
-            self._hand_over()   # where the epoch cannot be cut, the next one begins in processes
+            self._hand_over()   # where every batch was opened, the next epoch begins in processes
 
     def _hand_over(self) -> None:
         """The batches of the epoch begun that no thread opened go to torch's
         worker processes (started here, or persistent ones reset), which load
-        them while the threads finish theirs."""
-        self._source.drop_following()   # the next epoch is not opened early on threads
+        them while the threads finish theirs (and the next epoch's batches
+        they opened early, which it hands out first)."""
         rest = None if self._batches is None else self._batches.rest()
         loader = self._loader()
         if (rest is None and not self._iterable) or loader is None:

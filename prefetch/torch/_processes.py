@@ -23,9 +23,9 @@ epoch finished on them costs the whole epoch at a fraction of torch's speed
 (a text dataset measured: 0.59 x), which a run of a few epochs never wins
 back; starting torch's workers costs a fork each. Batches the threads opened
 are finished by them and handed out first, while torch's workers start:
-nothing is loaded twice or skipped. An epoch that cannot be cut (its sampler
-read to its end, or its batches opened early by persistent workers) ends on
-threads, and the next one starts in processes.
+nothing is loaded twice or skipped. An epoch whose batches were all opened
+ends on threads, and the next one starts in processes (with the batches
+persistent workers opened early for it, from the threads).
 
 An ``IterableDataset`` is not cut: each worker's position in the stream is
 its thread's. With ``loading="processes"`` torch's workers read it from
@@ -42,9 +42,15 @@ from prefetch._framework import ProcessEpoch, say_handover, start_method, unpick
 from prefetch.torch._sampler import decode_generator
 from prefetch.torch._torch import torch
 
+# Why a map-style dataset's epoch with in_order=False stays on threads under loading="auto".
+OUT_OF_ORDER = ("with in_order=False its state_dict() names each batch handed out, which torch's worker processes "
+                "do not report (with in_order=True they take over)")
+
 
 def why_not_processes(loader: Any) -> Optional[str]:
-    """Why torch's worker processes cannot run this loader's dataset; None where they can."""
+    """Why torch's worker processes cannot take this loader's epochs; None where they can."""
+    if not loader.in_order:
+        return OUT_OF_ORDER
     method = start_method(loader.multiprocessing_context)
     if method == "fork":
         return None
@@ -62,7 +68,8 @@ def say(note: Any, loader: Any, reason: Optional[str]) -> None:
     say_handover(note, reason, framework="torch", loader="torch.utils.data.DataLoader",
                  workers=0 if loader is None else loader.num_workers,
                  method="" if loader is None else start_method(loader.multiprocessing_context),
-                 same="the same batches, order, seeds and state_dict()", cannot_run=reason is not MID_STREAM)
+                 same="the same batches, order, seeds and state_dict()",
+                 cannot_run=reason not in (MID_STREAM, OUT_OF_ORDER))
 
 
 class _Rest:

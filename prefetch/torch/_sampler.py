@@ -17,7 +17,9 @@ while this one's last are consumed. The replay is torch's own classes over
 sampler gives; the real sampler is still read (for its draws), and the
 next epoch's early batches are kept only when its plan, read again as it
 begins, is the one they were opened for (the same length, batch size and
-generator state: no one drew from the generator in between).
+generator state: no one drew from the generator in between). Its key
+lists are a ``Cut`` (``_Early``): cut for torch's worker processes as any
+epoch's, its batches opened early handed out first, from the threads.
 
 torch's ``RandomSampler`` (without replacement) makes a list of every index
 for each permutation: 1.5 M indices are a 12 MB list of 1.5 M int objects,
@@ -85,6 +87,17 @@ class _Plan(NamedTuple):
             for _ in range(sampler.num_samples // self.n + 1):
                 torch.randperm(self.n, generator=g)
         return self._replace(epoch=self.epoch + 1, state=bytes(g.get_state().numpy()))
+
+
+class _Early(NamedTuple):
+    """The next epoch's plan as the Loader opens its first batches early:
+    the Loader's token for that epoch (``order``), whose key lists are a
+    ``Cut`` of their own (what the threads took of them is known)."""
+    plan: _Plan
+    cut: Cut
+
+    def batches(self) -> Cut:
+        return self.cut
 
 
 def _plan(index_sampler: Any, single: bool, epoch: int) -> Optional[_Plan]:
@@ -178,14 +191,14 @@ class _Batches:
         self.ahead = ahead            # batches torch reads as an epoch begins
         self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
         self.plan: Optional[_Plan] = None        # the epoch's, where its order is known ahead
-        self._next: Optional[_Plan] = None       # the next epoch's, once asked for
+        self._next: Optional[_Early] = None      # the next epoch's, once asked for
         self.generators = _generators(sampler, generator)
         self.stateful = stateful      # the user's samplers with state_dict()/load_state_dict()
         self.pending: Optional[dict[str, Any]] = None   # a state loaded: the next epoch begins there
         self.dropped = 0              # batches of the next epoch the Loader drops (a resume)
         self.number = 0               # the Loader's number for the next epoch
         self.choice = choice          # its DataLoader's: where the epochs that begin load (_processes.py)
-        self.adopted = False          # the epoch begun may be one opened early (its batches are not cut's)
+        self.adopted: Optional[_Early] = None   # the epoch begun, where it is the one opened early
         self.cut: Optional[Cut] = None   # what the threads take of the epoch begun
         # torch makes an iterator of the sampler when its DataLoader iterator is
         # made, and again as the first epoch begins (a sampler that draws in
@@ -218,12 +231,20 @@ class _Batches:
                 for s, saved in zip(self.stateful, state["samplers"]):
                     s.load_state_dict(copy.deepcopy(saved))
             with self.lock:
-                plan = None if self.choice.processes else _plan(self.sampler, self.single, self.number)
-                self.adopted = plan is not None and plan == self._next
-                self.plan, self._next = plan, None
+                plan = _plan(self.sampler, self.single, self.number)
+                early, self._next = self._next, None
+                self.adopted = early if early is not None and plan == early.plan else None
+                # Once processes load the epochs, one opened early is still handed out first.
+                self.plan = plan if self.adopted or not self.choice.processes else None
                 self._open()
             self.read_to(self.ahead + self.dropped)
         keys = self._take(self.token) if self.plan is None else self.plan.batches()
+        if self.adopted is not None and self.choice.processes:
+            # Its batches opened early come from the threads, the rest from torch's
+            # workers; a Loader that did not adopt them (a thread was reading their
+            # keys as the epoch began) opens them again from these.
+            self.cut = self.adopted.cut
+            return Cut(itertools.islice(keys, self.cut.taken), False, 0)
         self.cut = Cut(keys, self.choice.processes, self.dropped)
         self.dropped = 0
         return self.cut
@@ -232,11 +253,18 @@ class _Batches:
         """Cuts the epoch begun (consumer's thread): the threads take no more
         of its batches. The index lists left, for torch's worker processes:
         those no thread took (a plan's, from its replay: the same batches,
-        then the sampler read to its end for its draws). None where the
-        epoch cannot be cut (every batch taken, or perhaps opened early)."""
+        then the sampler read to its end for its draws). None where every
+        batch was taken. The next epoch's early opening stops too: what was
+        opened of it comes first as it begins."""
         cut = self.cut
-        if cut is None or self.adopted:
+        if self._next is not None:
+            self._next.cut.rest()
+        if cut is None:
             return None
+        if self.adopted is not None and not cut.taken:
+            # The Loader's keys are those opened early: a batch was handed out
+            # before this cut, which a Loader that read ``cut`` took from it.
+            cut = self.adopted.cut
         with self.lock:
             if self.exhausted and not self.read and (self.plan is None or cut.taken >= self.tries - 1):
                 return None   # every batch taken: nothing to cut
@@ -256,7 +284,7 @@ class _Batches:
         self.exhausted = False    # the sampler ended (or raised)
         self.token = object()     # the Loader epoch of an earlier one takes nothing more
 
-    def order(self, epoch: int) -> Optional[_Plan]:
+    def order(self, epoch: int) -> Any:
         """The plan of the Loader's epoch ``epoch``: the one begun, or the
         next (none once processes load the epochs: none is opened early).
         The next one is made when first asked for (by a persistent loader as
@@ -264,12 +292,15 @@ class _Batches:
         an epoch (``randperm(n)`` twice), and a loader that is not persistent
         never asks."""
         plan = self.plan
-        if self.choice.processes or plan is None or epoch not in (plan.epoch, plan.epoch + 1):
+        if plan is None or epoch not in (plan.epoch, plan.epoch + 1):
             return None
         if epoch == plan.epoch:
-            return plan
+            return self.adopted or plan
+        if self.choice.processes:
+            return None
         if self._next is None:
-            self._next = plan.following()
+            following = plan.following()
+            self._next = _Early(following, Cut(following.batches(), False, 0))
         return self._next
 
     def read_to(self, tries: int) -> None:

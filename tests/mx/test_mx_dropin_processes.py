@@ -14,9 +14,18 @@ import pytest
 
 mx = pytest.importorskip("mxnet")   # the mxnet environment's (tests/run.sh)
 
+import prefetch._core as core  # noqa: E402
 from prefetch import ClosedError, GILBoundWarning  # noqa: E402
 from prefetch.mx import DataLoader  # noqa: E402
-from support import CountedLoads, HeldLoads, NewChildren, take_with_ctrl_c  # noqa: E402
+from support import (  # noqa: E402
+    GIL_BOUND,
+    CountedLoads,
+    HeldLoads,
+    NewChildren,
+    ScriptedMeter,
+    a_gil_notice,
+    take_with_ctrl_c,
+)
 
 N = 322   # not a multiple of the batch size: last_batch decides the last batch
 MAIN = os.getpid()
@@ -225,3 +234,29 @@ def test_ctrl_c_then_close_while_a_worker_is_inside_the_dataset_leaves_no_proces
     assert children() == []
     with pytest.raises(ClosedError):
         next(iter(dl))
+
+
+@pytest.mark.timeout(120)
+def test_a_verdict_in_a_passs_last_batches_loads_each_index_once_a_pass(monkeypatch):
+    """Gluon starts the next pass as one ends (auto_reload): a verdict in a
+    pass's last batches leaves the next one to the pool from its start,
+    none of it loaded on threads first (a guard: each pass a Loader of its
+    own, none of whose batches open early)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND, probe=None))   # no verdict of its own
+    ds = Counted(64)
+    dl = DataLoader(ds, batch_size=4, num_workers=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        passes = [flat([b.asnumpy() for b in dl])]
+        got = []
+        for k, batch in enumerate(dl):
+            got.append(batch.asnumpy())
+            if k == len(dl) - 2:
+                dl._choice.notices.append(a_gil_notice("gluon-DataLoader"))   # as the core's on_notice passes it
+        passes += [flat(got), flat([b.asnumpy() for b in dl])]
+    assert list(ds.calls) == [3] * len(ds)
+    assert len([w for w in caught if issubclass(w.category, GILBoundWarning)]) == 1
+    assert (passes[1][:, 1] == MAIN).all() and (passes[2][:, 1] != MAIN).all()
+    dl.close()
+    assert children() == []

@@ -20,9 +20,18 @@ psutil = pytest.importorskip("psutil")
 
 import torch  # noqa: E402
 
+import prefetch._core as core  # noqa: E402
 from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
-from support import CountedLoads, HeldLoads, NewChildren, take_with_ctrl_c  # noqa: E402
+from support import (  # noqa: E402
+    GIL_BOUND,
+    CountedLoads,
+    HeldLoads,
+    NewChildren,
+    ScriptedMeter,
+    a_gil_notice,
+    take_with_ctrl_c,
+)
 
 N = 320
 MAIN = os.getpid()
@@ -342,3 +351,89 @@ def test_a_stream_in_processes_closed_or_dropped_mid_epoch_leaves_no_process(how
         gc.collect()
     wait_for_children_to_exit()
     assert children() == []
+
+
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("taken", [4, 24])
+def test_a_persistent_loader_switched_mid_epoch_loads_each_index_once_an_epoch(monkeypatch, taken):
+    """Persistent workers open an epoch's first batches while the last
+    prefetch_factor * num_workers of the one before are consumed. The
+    verdict comes after ``taken`` of 32 batches of such an epoch (itself
+    opened early): 4, it is cut (the threads hand out the batches they
+    opened, torch's workers load the rest); 24, every batch of it and the
+    next epoch's first batches are open: the latter are that epoch's
+    first batches, handed out from the threads, and torch's workers load the
+    rest of it. Each index loaded once an epoch, in torch's order."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(core, "_METER", ScriptedMeter(GIL_BOUND, probe=None))   # no verdict of its own
+    ds = Counted(128)
+    def made(cls):
+        return cls(ds, batch_size=4, num_workers=2, prefetch_factor=8, persistent_workers=True, shuffle=True,
+                   generator=torch.Generator().manual_seed(11))
+    dl = made(DataLoader)
+    mine = [np.concatenate([b.numpy() for b in dl]) for _ in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        it = iter(dl)
+        got = [next(it).numpy() for _ in range(taken)]
+        while taken == 24 and max(ds.calls) < 4:   # until the next epoch's first batch opens
+            threading.Event().wait(0.001)
+        dl._choice.notices.append(a_gil_notice("torch-DataLoader"))   # as the core's on_notice passes it
+        mine.append(np.concatenate(got + [b.numpy() for b in it]))
+        mine += [np.concatenate([b.numpy() for b in dl]) for _ in range(2)]
+    assert list(ds.calls) == [5] * len(ds)   # not on threads, then again in processes
+    assert len([w for w in caught if issubclass(w.category, GILBoundWarning)]) == 1
+    assert (mine[2][:taken, 1] == MAIN).all() and (mine[2][:, 1] != MAIN).any() == (taken == 4)
+    assert (mine[4][:, 1] != MAIN).all()
+    dl.close()
+    torchs = made(torch.utils.data.DataLoader)
+    theirs = [np.concatenate([b.numpy() for b in torchs]) for _ in mine]
+    del torchs   # its persistent workers end with it
+    gc.collect()
+    assert [a[:, 0].tolist() for a in mine] == [b[:, 0].tolist() for b in theirs]
+
+
+@pytest.mark.timeout(120)
+def test_a_persistent_stream_in_processes_counts_its_epochs_in_its_state_as_a_map_style_dataset_does():
+    """state_dict()'s epoch: the epoch begun (before its first batch), then
+    the next one (between epochs), whatever the dataset's kind."""
+    def epochs(dataset):
+        dl = DataLoader(dataset, batch_size=4, num_workers=2, loading="processes", persistent_workers=True)
+        seen = []
+        for _ in range(3):
+            it = iter(dl)
+            seen.append(dl.state_dict()["epoch"])
+            for _ in it:
+                pass
+            seen.append(dl.state_dict()["epoch"])
+        dl.close()
+        return seen
+    assert epochs(Shards()) == epochs(Counted(48)) == [0, 1, 1, 2, 2, 3]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_gil_bound_loader_with_in_order_false_stays_on_threads_and_the_warning_says_why(gil_bound, stream):
+    """The drop-in's own warning, as for any loader it keeps on threads:
+    what it did, and why (not the core's alone)."""
+    dl = DataLoader(Shards(N, wait=0.002) if stream else Counted(), batch_size=4, num_workers=2, in_order=False)
+    (got,), notes = run(dl)
+    assert sorted(got[:, 0].tolist()) == list(range(N)) and (got[:, 1] == MAIN).all()
+    assert len(notes) == 1, [str(w.message) for w in notes]
+    text = str(notes[0].message)
+    assert "stays on threads" in text and ("mid-epoch" if stream else "in_order=False") in text
+    assert dl.stats().loading == "threads"
+    dl.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stream", [False, True])
+def test_with_num_workers_0_a_gil_bound_loader_gives_no_advice_about_processes(gil_bound, stream):
+    """One thread, as torch's main process: nothing to measure threads
+    taking turns by, and no processes the user asked for (a guard)."""
+    dl = DataLoader(Shards(N, wait=0.002) if stream else Locked(), batch_size=4)
+    (got,), notes = run(dl)
+    assert (got[:, 1] == MAIN).all() and not notes and dl.stats().loading == "threads"
+    dl.close()

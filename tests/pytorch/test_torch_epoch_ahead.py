@@ -134,7 +134,7 @@ def test_the_plan_made_ahead_is_the_one_the_epoch_reads(case):
             it = iter(loader)
             batches = it._batches
             assert batches.plan is not None and batches.plan == planned or planned is None
-            planned = batches.order(batches.plan.epoch + 1)
+            planned = batches.order(batches.plan.epoch + 1).plan   # the next epoch opened early (_Early)
             for _batch in it:
                 pass
 
