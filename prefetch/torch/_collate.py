@@ -24,30 +24,25 @@ from prefetch.torch._torch import torch
 
 _default_collate = torch.utils.data.default_collate
 
-_carrier_of: dict[Any, np.dtype] = {}   # torch dtype -> the numpy structured dtype carrying it
-_carried: dict[np.dtype, Any] = {}      # the way back
+# torch dtype -> the numpy structured dtype carrying it, and the way back.
+_CARRIER = {dt: np.dtype([(str(dt), torch.empty(0, dtype=view).numpy().dtype)]) for dt, view in VIEW_AS.items()}
+_CARRIED = {carrier: dt for dt, carrier in _CARRIER.items()}
 
 
 def tensor_as_numpy(t: Any) -> np.ndarray:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.detach().resolve_conj().resolve_neg()
-    view = VIEW_AS.get(t.dtype)
-    if view is None:
-        return t.numpy()   # a dtype numpy lacks, not carried (quantized...): its TypeError
-    carrier = _carrier_of.get(t.dtype)
+    carrier = _CARRIER.get(t.dtype)
     if carrier is None:
-        carrier = np.dtype([(str(t.dtype), torch.empty(0, dtype=view).numpy().dtype)])
-        _carried[carrier] = t.dtype
-        _carrier_of[t.dtype] = carrier
-    return t.view(view).numpy().view(carrier)
+        return t.numpy()   # a dtype numpy lacks, not carried (quantized...): its TypeError
+    return t.view(VIEW_AS[t.dtype]).numpy().view(carrier)
 
 
 def block_as_tensor(block: np.ndarray) -> Any:
-    if block.dtype.names is not None:
-        dtype = _carried.get(block.dtype)
-        if dtype is not None:
-            return torch.from_numpy(block.view(block.dtype[0])).view(dtype)
+    dtype = _CARRIED.get(block.dtype)
+    if dtype is not None:
+        return torch.from_numpy(block.view(block.dtype[0])).view(dtype)
     return torch.from_numpy(block)
 
 
