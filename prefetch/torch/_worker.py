@@ -122,11 +122,9 @@ def thread_replica(dataset: Any, worker_id: int) -> Any:
     return _local.replica
 
 
-def stream_replica(dataset: Any, worker_id: int) -> Any:
-    """An IterableDataset's copy for worker ``worker_id`` (a deep copy where
-    it can be made: ``prefetch._streams.stream_copy``), made as the epoch's
-    loader is; its thread finds it as prefetch's ``worker_info().dataset``."""
-    return stream_copy(dataset, worker_id, DATASETS)
+# An IterableDataset's copy for a worker, stream_replica(dataset, worker_id), made
+# as the epoch's loader is; its thread finds it as prefetch's worker_info().dataset.
+stream_replica = functools.partial(stream_copy, kinds=DATASETS)
 
 
 class InitThread:
