@@ -100,17 +100,16 @@ def as_torch(batch: Any) -> Any:
         return torch.from_numpy(batch)
     if t is dict:
         return {k: as_torch(v) for k, v in batch.items()}
-    if t is list and _plain_column(batch):
-        return batch   # a fresh column of the Loader's batch: nothing in it to convert
-    if t is list and batch and all(_leaf_collection(v) for v in batch):
-        # A leaf collection is one to the Loader: only a column holds those.
-        return _default_collate(batch)
-    if t is list or t is tuple:
+    if t is list:
+        if _plain_column(batch):
+            return batch   # a fresh column of the Loader's batch: nothing in it to convert
+        if batch and all(_leaf_collection(v) for v in batch):
+            # A leaf collection is one to the Loader: only a column holds those.
+            return _default_collate(batch)
         return [_item(v) for v in batch]
     if isinstance(batch, tuple):
-        if hasattr(batch, "_fields"):
-            return t(*(_item(v) for v in batch))
-        return [_item(v) for v in batch]
+        items = [_item(v) for v in batch]
+        return t(*items) if hasattr(batch, "_fields") else items
     if isinstance(batch, list):   # a subclass, rebuilt by the Loader with its type
         converted = [_item(v) for v in batch]
         try:
