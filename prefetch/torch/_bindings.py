@@ -13,20 +13,15 @@ import types
 from typing import Any, Iterator
 
 
-def ours(module_name: str) -> bool:
-    """A module of this package (``prefetch``, ``prefetch.*``): never rebound.
-    Another package whose name begins the same (``prefetch_data``) is not ours."""
-    return module_name == "prefetch" or module_name.startswith("prefetch.")
-
-
 def module_bindings(*targets: Any) -> Iterator[tuple[types.ModuleType, str, Any]]:
-    """(module, name, value) for each name of a loaded module (not ours)
-    bound to one of ``targets`` (by identity)."""
-    wanted = {id(t): t for t in targets}
+    """(module, name, value) for each name of a loaded module bound to one of
+    ``targets`` (by identity). This package's modules (``prefetch``,
+    ``prefetch.*``, not ``prefetch_data``) hold them on purpose: never listed."""
+    wanted = {id(t) for t in targets}   # alive while we look: an id is theirs alone
     for module_name, module in list(sys.modules.items()):
         space = getattr(module, "__dict__", None)
-        if not isinstance(space, dict) or ours(str(module_name)):
+        if not isinstance(space, dict) or str(module_name).partition(".")[0] == "prefetch":
             continue
         for name, value in list(space.items()):
-            if id(value) in wanted and wanted[id(value)] is value:
+            if id(value) in wanted:
                 yield module, name, value

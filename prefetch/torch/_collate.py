@@ -24,30 +24,25 @@ from prefetch.torch._torch import torch
 
 _default_collate = torch.utils.data.default_collate
 
-_carrier_of: dict[Any, np.dtype] = {}   # torch dtype -> the numpy structured dtype carrying it
-_carried: dict[np.dtype, Any] = {}      # the way back
+# torch dtype -> the numpy structured dtype carrying it, and the way back.
+_CARRIER = {dt: np.dtype([(str(dt), torch.empty(0, dtype=view).numpy().dtype)]) for dt, view in VIEW_AS.items()}
+_CARRIED = {carrier: dt for dt, carrier in _CARRIER.items()}
 
 
 def tensor_as_numpy(t: Any) -> np.ndarray:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.detach().resolve_conj().resolve_neg()
-    view = VIEW_AS.get(t.dtype)
-    if view is None:
-        return t.numpy()   # a dtype numpy lacks, not carried (quantized...): its TypeError
-    carrier = _carrier_of.get(t.dtype)
+    carrier = _CARRIER.get(t.dtype)
     if carrier is None:
-        carrier = np.dtype([(str(t.dtype), torch.empty(0, dtype=view).numpy().dtype)])
-        _carried[carrier] = t.dtype
-        _carrier_of[t.dtype] = carrier
-    return t.view(view).numpy().view(carrier)
+        return t.numpy()   # a dtype numpy lacks, not carried (quantized...): its TypeError
+    return t.view(VIEW_AS[t.dtype]).numpy().view(carrier)
 
 
 def block_as_tensor(block: np.ndarray) -> Any:
-    if block.dtype.names is not None:
-        dtype = _carried.get(block.dtype)
-        if dtype is not None:
-            return torch.from_numpy(block.view(block.dtype[0])).view(dtype)
+    dtype = _CARRIED.get(block.dtype)
+    if dtype is not None:
+        return torch.from_numpy(block.view(block.dtype[0])).view(dtype)
     return torch.from_numpy(block)
 
 
@@ -105,17 +100,16 @@ def as_torch(batch: Any) -> Any:
         return torch.from_numpy(batch)
     if t is dict:
         return {k: as_torch(v) for k, v in batch.items()}
-    if t is list and _plain_column(batch):
-        return batch   # a fresh column of the Loader's batch: nothing in it to convert
-    if t is list and batch and all(_leaf_collection(v) for v in batch):
-        # A leaf collection is one to the Loader: only a column holds those.
-        return _default_collate(batch)
-    if t is list or t is tuple:
+    if t is list:
+        if _plain_column(batch):
+            return batch   # a fresh column of the Loader's batch: nothing in it to convert
+        if batch and all(_leaf_collection(v) for v in batch):
+            # A leaf collection is one to the Loader: only a column holds those.
+            return _default_collate(batch)
         return [_item(v) for v in batch]
     if isinstance(batch, tuple):
-        if hasattr(batch, "_fields"):
-            return t(*(_item(v) for v in batch))
-        return [_item(v) for v in batch]
+        items = [_item(v) for v in batch]
+        return t(*items) if hasattr(batch, "_fields") else items
     if isinstance(batch, list):   # a subclass, rebuilt by the Loader with its type
         converted = [_item(v) for v in batch]
         try:

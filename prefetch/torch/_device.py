@@ -106,19 +106,16 @@ class CudaDelivery:
         torch.cuda.empty_cache()
 
 
-class PinnedHost:
+class PinnedHost(CpuDelivery):
     """``device=`` of the Loader behind ``prefetch.torch.DataLoader(pin_memory=True)``:
     the batches stay on the host, each tensor leaf (a numpy leaf as a tensor
     first) copied into pinned memory of the current accelerator on the
     publisher thread, as torch's pin-memory thread copies it, so that the
-    consumer's ``.to(device, non_blocking=True)`` is asynchronous."""
+    consumer's ``.to(device, non_blocking=True)`` is asynchronous. It holds
+    nothing, so it is its own Delivery: other leaves pass unchanged."""
 
     def __repr__(self) -> str:
         return "PinnedHost()"
-
-
-class PinnedDelivery(CpuDelivery):
-    """Pins each CPU tensor leaf; other leaves unchanged."""
 
     def deliver(self, leaf: Any) -> Any:
         leaf = as_tensor(leaf)
@@ -127,11 +124,11 @@ class PinnedDelivery(CpuDelivery):
         return leaf
 
 
-def open_pinned(host: PinnedHost) -> PinnedDelivery:
+def open_pinned(host: PinnedHost) -> PinnedHost:
     if not torch.accelerator.is_available():
         raise ValueError(f"device={host!r}: no accelerator is available (torch.accelerator.is_available() "
                          "is False), so there is no pinned memory to deliver into")
-    return PinnedDelivery()
+    return host
 
 
 def open_device(device: torch.device) -> CpuDelivery | CudaDelivery:

@@ -61,10 +61,9 @@ NUMPY_DTYPES = frozenset((
     torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.float32,
     torch.float64, torch.complex64, torch.complex128))
 VIEW_AS = {dt: _BY_ITEMSIZE[dt.itemsize] for dt in (
-    getattr(torch, name, None) for name in (
-        "bfloat16", "complex32", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
-        "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"))
-    if dt is not None}
+    torch.bfloat16, torch.complex32, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
+    torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2)}
+_COPYABLE = NUMPY_DTYPES | frozenset(VIEW_AS)   # no quantized or sub-byte integer dtype
 
 # ndim -> (memory format, permutation to contiguous, permutation back)
 _CHANNELS_LAST = {
@@ -75,10 +74,8 @@ _STRIDED = torch.strided
 _from_numpy = torch.from_numpy
 # copy_tensor's common case: torch dtype -> the numpy dtype its bytes travel as.
 # Complex dtypes take the general path, where a lazy conjugate is resolved.
-_AS_NUMPY = {dt: torch.empty(0, dtype=VIEW_AS.get(dt, dt)).numpy().dtype
-             for dt in (NUMPY_DTYPES | frozenset(VIEW_AS)) if not dt.is_complex}
-_COPYABLE = NUMPY_DTYPES | frozenset(VIEW_AS)   # not quantized
-_PLAIN_TYPES = frozenset(t for t in (Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", None)) if t)
+_AS_NUMPY = {dt: torch.empty(0, dtype=VIEW_AS.get(dt, dt)).numpy().dtype for dt in _COPYABLE if not dt.is_complex}
+_PLAIN_TYPES = frozenset((Tensor, torch.nn.Parameter, torch.nn.Buffer))
 
 
 def copy_tensor(t: Tensor, plan: Any) -> Tensor:
@@ -202,7 +199,7 @@ def _copy_unusual(t: Tensor) -> Tensor:
         # that stream (and the source's later writes) are ordered after it.
         return t.detach().clone(memory_format=torch.contiguous_format)
     if t.layout is not torch.strided:
-        kind = "mkldnn" if t.layout is getattr(torch, "_mkldnn", None) else "sparse"
+        kind = "mkldnn" if t.layout is torch._mkldnn else "sparse"
         what = f"{kind} tensors are not supported (convert with .to_dense())"
     elif t.is_quantized:
         what = "quantized tensors are not supported (convert with .dequantize() or .int_repr())"

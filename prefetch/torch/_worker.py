@@ -9,6 +9,7 @@ loader thread as it starts.
 """
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import threading
@@ -97,33 +98,21 @@ class _ThreadRNG(_RNG):
     beyond the Loader over the same dataset."""
 
     def __init__(self, worker_id: int, base_seed: int) -> None:  # not the dataclass's: nothing made yet
-        # torch's _RNG is frozen: its own fields cannot be set, these are set past that check.
-        object.__setattr__(self, "_seeds", (worker_id, base_seed))
-        object.__setattr__(self, "_made", {})
+        # torch's _RNG is frozen and slotted: this subclass's own __dict__ holds
+        # the seeds and, through cached_property, each generator once made.
+        self.__dict__.update(_worker_id=worker_id, _base_seed=base_seed)
 
-    def _get(self, name: str) -> Any:
-        made: dict[str, Any] = self._made  # type: ignore[attr-defined]
-        if name not in made:
-            worker_id, base_seed = self._seeds  # type: ignore[attr-defined]
-            if name == "random":
-                made[name] = random.Random(base_seed + worker_id)
-            elif name == "torch":
-                made[name] = torch.Generator().manual_seed(base_seed + worker_id)
-            else:
-                made[name] = np.random.default_rng([worker_id, base_seed & 0xFFFFFFFFFFFFFFFF])
-        return made[name]
+    @functools.cached_property
+    def random_generator(self) -> random.Random:  # type: ignore[override]
+        return random.Random(self._base_seed + self._worker_id)
 
-    @property  # type: ignore[override]
-    def random_generator(self) -> random.Random:
-        return self._get("random")  # type: ignore[no-any-return]
+    @functools.cached_property
+    def torch_generator(self) -> torch.Generator:  # type: ignore[override]
+        return torch.Generator().manual_seed(self._base_seed + self._worker_id)
 
-    @property  # type: ignore[override]
-    def torch_generator(self) -> torch.Generator:
-        return self._get("torch")  # type: ignore[no-any-return]
-
-    @property  # type: ignore[override]
-    def numpy_generator(self) -> object | None:
-        return self._get("numpy")
+    @functools.cached_property
+    def numpy_generator(self) -> object | None:  # type: ignore[override]
+        return np.random.default_rng([self._worker_id, self._base_seed & 0xFFFFFFFFFFFFFFFF])
 
 
 def thread_replica(dataset: Any, worker_id: int) -> Any:
@@ -133,11 +122,9 @@ def thread_replica(dataset: Any, worker_id: int) -> Any:
     return _local.replica
 
 
-def stream_replica(dataset: Any, worker_id: int) -> Any:
-    """An IterableDataset's copy for worker ``worker_id`` (a deep copy where
-    it can be made: ``prefetch._streams.stream_copy``), made as the epoch's
-    loader is; its thread finds it as prefetch's ``worker_info().dataset``."""
-    return stream_copy(dataset, worker_id, DATASETS)
+# An IterableDataset's copy for a worker, stream_replica(dataset, worker_id), made
+# as the epoch's loader is; its thread finds it as prefetch's worker_info().dataset.
+stream_replica = functools.partial(stream_copy, kinds=DATASETS)
 
 
 class InitThread:
