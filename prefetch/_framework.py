@@ -104,9 +104,7 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
                           **({} if said_batch_size is _OWN else {"batch_size": said_batch_size}))
         super().__init__(dataset, **kwargs)
 
-    # Continue where a state was taken that the drop-in's load_state_dict
-    # checked (check_state with this loader's fields, its sampler and
-    # framework parts by their owners): it is not checked again.
+    # A state the drop-in's load_state_dict checked (check_state, its parts by their owners): not again.
     load_checked = Loader._load_checked
 
     @property
