@@ -22,13 +22,13 @@ points to the framework's own process loader.
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from prefetch import _warn
+from prefetch import _lifecycle, _warn
 from prefetch._core import MAP_KEYS_UNCHECKED
 from prefetch._handover import Choice, Cut, ProcessEpoch, say_handover, start_method, unpicklable
-from prefetch._lifecycle import close_aside
 from prefetch._options import (
     MAX_EPOCH,
     Options,
@@ -104,9 +104,7 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
                           **({} if said_batch_size is _OWN else {"batch_size": said_batch_size}))
         super().__init__(dataset, **kwargs)
 
-    # Continue where a state was taken that the drop-in's load_state_dict
-    # checked (check_state with this loader's fields, its sampler and
-    # framework parts by their owners): it is not checked again.
+    # A state the drop-in's load_state_dict checked (check_state, its parts by their owners): not again.
     load_checked = Loader._load_checked
 
     @property
@@ -125,8 +123,24 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
 
 def close_when_dropped(owner: Any, close: Callable[[], None]) -> None:
     """``close()`` once ``owner`` (a framework's iterator, which has no
-    close() of its own) is collected, on a thread of its own: the
-    line that dropped it does not wait for a thread still inside the dataset,
-    and a warning about one points at the user's line that made ``owner``
-    (past the framework's frames named by ``machinery``)."""
-    weakref.finalize(owner, close_aside, close, _warn.user_location())
+    close() of its own) is collected, on a daemon thread of its own (at
+    interpreter exit, at once): the line that dropped it does not wait for a
+    thread still inside the dataset, and a warning about one points at the
+    user's line that made ``owner`` (past the framework's frames named by
+    ``machinery``)."""
+    at = _warn.user_location()
+
+    def closing() -> None:
+        with _warn.pointing_at(at):
+            close()
+
+    def aside() -> None:
+        if not _lifecycle._exiting:
+            try:
+                threading.Thread(target=closing, name="prefetch-close", daemon=True).start()
+                return
+            except RuntimeError:   # no new thread now (the interpreter is shutting down)
+                pass
+        closing()
+
+    weakref.finalize(owner, aside)

@@ -1,12 +1,7 @@
 """What the drop-ins' hand-over to their framework's own worker processes
-shares (each adapter folder's _processes.py): the choice of where a
-DataLoader's epochs load (``Choice``), the epoch's index lists cut between
-the Loader's threads and those processes (``Cut``), the record of an epoch
-the processes finish (``ProcessEpoch``), the start method those processes
-would use, whether what they need pickles, and the one warning that says
-what the DataLoader did on the GIL notice and why. Framework-free: each
-drop-in drives its framework's worker machinery, names its framework and
-what stays the same.
+shares (each adapter folder's _processes.py). Framework-free: each drop-in
+drives its framework's worker machinery, names its framework and what stays
+the same.
 
 Threading contract: ``Cut.__next__`` runs on the Loader's threads; everything
 else on the consumer's thread.

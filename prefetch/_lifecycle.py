@@ -1,6 +1,5 @@
 """What ``Prefetcher`` and ``Loader`` share as objects: epochs of a compiled
-``_Core``, the finalizer, the unclosed-resource warning, ``close()``,
-``with``, ``stats()`` and the refusal to be pickled (each ``repr`` is its class's own).
+``_Core``, the finalizer and its warning, ``close()``, ``with``, ``stats()``, no pickling.
 
 Worker threads reference only the inner ``_Core`` (and a loader's stage),
 never these objects, so dropping the last reference to one runs its
@@ -10,7 +9,6 @@ pool.
 from __future__ import annotations
 
 import atexit
-import threading
 import weakref
 from typing import Any, Callable, Optional
 
@@ -46,25 +44,6 @@ def _collected(core: _Core, owned: tuple[Any, ...], kind: str, created_at: tuple
     del core
     if running and not _exiting:
         _warn.warn(message, ResourceWarning, created_at)
-
-
-def close_aside(close: Callable[[], None], at: Optional[tuple[str, int]]) -> None:
-    """``close()`` on a daemon thread of its own, its warnings pointing at
-    ``at`` (the user's line that made what it closes): a finalizer's close of
-    a dropped framework iterator (which may have no close() of its own), so the line that
-    dropped it never waits for a thread still inside the dataset. At
-    interpreter exit, here and now."""
-    def closing() -> None:
-        with _warn.pointing_at(at):
-            close()
-
-    if not _exiting:
-        try:
-            threading.Thread(target=closing, name="prefetch-close", daemon=True).start()
-            return
-        except RuntimeError:   # no new thread now (the interpreter is shutting down)
-            pass
-    closing()
 
 
 class _Lifecycle(_Iterator):

@@ -25,7 +25,6 @@ MAX_SEED = (1 << 128) - 1
 # one it starts: from any epoch it is given, 2**62 epochs can still be run.
 MAX_EPOCH = (1 << 62) - 1
 MAX_BATCH_SIZE = 1 << 62
-COPY_MODES = ("auto", "always")
 # workers="auto" grows past the CPUs only while they stay idle (I/O-like
 # samples); this bounds the threads even then.
 AUTO_MAX_THREADS = 64
@@ -128,15 +127,12 @@ def check_num_workers(value: Any) -> None:
         raise ValueError(f"num_workers must be an int >= 0 and at most {MAX_WORKERS} (threads), got {value!r}")
 
 
-LOADINGS = ("auto", "threads", "processes")   # where a drop-in loads: its loading= argument
-
-
 def check_loading(value: Any) -> str:
     """A drop-in DataLoader's ``loading=``: TypeError for a non-str, ValueError for another word."""
     if not isinstance(value, str):
         raise TypeError(f"loading must be 'auto', 'threads' or 'processes' (a str), got {value!r} "
                         f"({type(value).__name__})")
-    if value not in LOADINGS:
+    if value not in ("auto", "threads", "processes"):
         raise ValueError(f"loading must be 'auto', 'threads' or 'processes', got loading={value!r}")
     return value
 
@@ -169,7 +165,7 @@ def check_copy(value: Any) -> bool:
     """True when leaves may be handed over (copy="auto")."""
     if not isinstance(value, str):
         raise TypeError(f"copy must be 'auto' or 'always', got {value!r} ({type(value).__name__})")
-    if value not in COPY_MODES:
+    if value not in ("auto", "always"):
         raise ValueError(f"copy must be 'auto' or 'always', got {value!r}")
     return value == "auto"
 

@@ -29,6 +29,7 @@ STATE_VERSION = 3
 _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", "dataset_length",
                "batch_size", "order", "sampler", "streams", "framework")
 _ORDER_KEYS = ("shuffle", "sampler", "batch_sampler")
+STREAM_PART_KEYS = ("batches", "dataset", "iterator")
 
 
 def stateful(obj: Any) -> bool:
@@ -40,11 +41,8 @@ def order_part(shuffle: bool, sampler: Any, batch_sampler: Any) -> dict[str, Any
     """What decides an epoch's order besides the seed, the epoch and the
     samplers' states: shuffled or not, and the kinds (qualified class names)
     of the sampler and the batch sampler (None: the loader's own)."""
-    return {"shuffle": bool(shuffle), "sampler": _kind_name(sampler), "batch_sampler": _kind_name(batch_sampler)}
-
-
-def _kind_name(obj: Any) -> Optional[str]:
-    return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+    kinds = [None if s is None else f"{type(s).__module__}.{type(s).__qualname__}" for s in (sampler, batch_sampler)]
+    return {"shuffle": bool(shuffle), "sampler": kinds[0], "batch_sampler": kinds[1]}
 
 
 def make_state(*, seed: int, epoch: int, prefix: int, extras: list[int], dataset_length: Optional[int],
@@ -249,7 +247,22 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
                          "state_dict()/load_state_dict()")
     streams = state["streams"]
     if stream:
-        _check_streams(streams, workers, owner)
+        # {"next": w, "workers": [part per worker]}, each part the batches its
+        # worker delivered and its dataset's and iterator's own states (or None).
+        try:
+            parts, due = streams["workers"], streams["next"]
+            if not isinstance(parts, list) or not parts:
+                raise TypeError("workers must be a non-empty list")
+            check_int("next", due, 0, len(parts) - 1)
+            for part in parts:
+                if not isinstance(part, dict) or sorted(part) != sorted(STREAM_PART_KEYS):
+                    raise TypeError(f"a worker's part must have the keys {STREAM_PART_KEYS}, got {part!r:.100}")
+                check_int("batches", part["batches"], 0, MAX_EPOCH)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError(f"state has bad stream parts (truncated or edited?): {exc}") from None
+        if workers is not None and len(parts) != workers:
+            raise ValueError(f"state was saved with {len(parts)} worker(s) reading the stream, each at its "
+                             f"own position; this {owner} has {workers}")
     elif streams is not None:
         raise ValueError(f"state holds a stream's parts, and this {owner}'s dataset is map-style (edited?)")
     return _Resume(epoch, prefix, extras, sampler, streams, saved_framework), saved_seed
@@ -268,40 +281,14 @@ def _owner(framework: Optional[str]) -> str:
     return "prefetch.Loader" if framework is None else f"a {framework} drop-in"
 
 
-STREAM_PART_KEYS = ("batches", "dataset", "iterator")
-
-
-def _check_streams(streams: Any, workers: Optional[int], owner: str) -> None:
-    """A stream's parts: ``{"next": w, "workers": [part per worker]}``, each
-    part the batches its worker delivered and its dataset's and iterator's
-    own states (or None)."""
-    try:
-        parts, due = streams["workers"], streams["next"]
-        if not isinstance(parts, list) or not parts:
-            raise TypeError("workers must be a non-empty list")
-        check_int("next", due, 0, len(parts) - 1)
-        for part in parts:
-            if not isinstance(part, dict) or sorted(part) != sorted(STREAM_PART_KEYS):
-                raise TypeError(f"a worker's part must have the keys {STREAM_PART_KEYS}, got {part!r:.100}")
-            check_int("batches", part["batches"], 0, MAX_EPOCH)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ValueError(f"state has bad stream parts (truncated or edited?): {exc}") from None
-    if workers is not None and len(parts) != workers:
-        raise ValueError(f"state was saved with {len(parts)} worker(s) reading the stream, each at its "
-                         f"own position; this {owner} has {workers}")
-
-
 class Position:
     """A Loader's resume state, its one owner: the epoch started last (its
     ``record``) and a loaded state the next epoch continues (``resume``);
     what ``state_dict()`` says of them, the check of a state loaded, and the
-    sampler's and a stream's workers' parts as an epoch begins. Given once
-    what its loader's states record and are checked against: the dataset
-    (its length; a stream's read by ``streams``), the batch size, the order
-    (``order_part``), the sampler with a state of its own (or None) and the
-    drop-in's part (None: the Loader's). The loader gives it the epoch and
-    seed where they are needed, under its epoch lock; it holds no reference
-    to the loader, which its threads must not keep alive."""
+    sampler's and a stream's workers' parts as an epoch begins. The loader
+    gives it the epoch and seed where they are needed, under its epoch lock;
+    it holds no reference to the loader, which its threads must not keep
+    alive."""
 
     __slots__ = ("dataset", "batch_size", "order", "sampler", "streams", "framework", "ordered", "record",
                  "resume")
@@ -374,11 +361,10 @@ class Position:
         """``check_state`` of ``state`` against these fields (``seed``: the
         loader's own, None: any), and its sampler's part by the sampler:
         ``state``'s resume and seed, nothing changed."""
-        framework = self.framework
         resume, seed = check_state(state, dataset_length=self.length(), batch_size=self.batch_size, order=self.order,
                                    seed=seed, batches_per_epoch=batches_per_epoch,
                                    sampler_has_state=self.sampler is not None,
-                                   framework=None if framework is None else framework["name"],
+                                   framework=None if self.framework is None else self.framework["name"],
                                    workers=None if self.streams is None else self.streams.count)
         if self.sampler is not None and resume.sampler is not None:
             try_state(self.sampler, resume.sampler)   # the sampler's part: its own to check

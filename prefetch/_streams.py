@@ -11,9 +11,7 @@ window, byte bound, error notes and counters are a map-style epoch's.
 Resuming: each batch carries its worker's part of the state after it (its
 dataset's and its iterator's own ``state_dict()``, where they have one); as
 the batch is delivered that becomes the worker's part (``StreamRecord`` in
-prefetch/_resume.py). A resumed worker starts its iterator from its part;
-where neither has a state, the batches it delivered before are read again
-and dropped.
+prefetch/_resume.py), which a resumed worker starts from (``_Worker.start``).
 
 Threading contract: a ``_Worker`` is used by its thread only; ``Workers.resumed``
 and ``Workers.turn`` are set by the consumer's thread between epochs
@@ -92,7 +90,11 @@ class _Worker:
         self.samples = samples
         if samples:
             self.batches += 1
-            self.state = self._snapshot()
+            # The dataset's and the iterator's own states now (copies: the
+            # next batch changes them); the dataset's only where it is not
+            # its own iterator.
+            self.state = (copy.deepcopy(self.dataset.state_dict()) if self.own_state else None,
+                          copy.deepcopy(self.iterator.state_dict()) if stateful(self.iterator) else None)
         return list(range(self.first, self.first + len(samples))), ended
 
     def sample(self, key: int) -> Any:
@@ -110,7 +112,8 @@ class _Worker:
         if epoch == self.epoch:
             return
         self.epoch, self.batches, self.first, self.samples = epoch, 0, 0, []
-        part = self.owner.part(self.id, epoch)
+        resumed = self.owner.resumed   # (epoch, parts) of a loaded state
+        part = resumed[1][self.id] if resumed is not None and resumed[0] == epoch else None
         if part is not None and part["dataset"] is not None and stateful(self.dataset):
             self.dataset.load_state_dict(copy.deepcopy(part["dataset"]))
         self.iterator = iter(self.dataset)
@@ -123,15 +126,6 @@ class _Worker:
             self.iterator.load_state_dict(copy.deepcopy(part["iterator"]))
         elif not (self.own_state or stateful(self.iterator)):
             collections.deque(itertools.islice(self.iterator, part["batches"] * self.owner.rows), maxlen=0)
-
-    def _snapshot(self) -> tuple[Any, Any]:
-        """The dataset's and the iterator's own states now (copies: the next
-        batch changes them), where they have ``state_dict()``; the dataset's
-        only where it is not its own iterator."""
-        it = self.iterator
-        dataset = copy.deepcopy(self.dataset.state_dict()) if self.own_state else None
-        iterator = copy.deepcopy(it.state_dict()) if stateful(it) else None
-        return dataset, iterator
 
 
 class Workers:
@@ -166,11 +160,6 @@ class Workers:
         parts = [dict(p) for p in resumed["workers"]]
         self.resumed, self.turn = (epoch, parts), resumed["next"]
         return list(parts), self.turn
-
-    def part(self, worker_id: int, epoch: int) -> Optional[dict[str, Any]]:
-        """Worker ``worker_id``'s part of the loaded state that epoch ``epoch`` continues, if any."""
-        resumed = self.resumed
-        return resumed[1][worker_id] if resumed is not None and resumed[0] == epoch else None
 
     def starts(self) -> list[dict[str, Any]]:
         """Each worker's part as an epoch begins (its threads not reading):

@@ -24,11 +24,6 @@ _MACHINERY_DIRS: tuple[str, ...] = ()
 Location = tuple[str, int]
 
 
-def _is_ours(frame: types.FrameType) -> bool:
-    name = os.path.abspath(frame.f_code.co_filename)
-    return name.startswith(_PACKAGE) or name in _MACHINERY or name.startswith(_MACHINERY_DIRS)
-
-
 def machinery(path: str) -> None:
     """Frames of ``path`` (a framework's module whose code calls a drop-in's,
     as a framework loader's ``__iter__`` calls its drop-in's ``_get_iterator``; a folder
@@ -44,7 +39,10 @@ def machinery(path: str) -> None:
 def user_frame() -> Optional[types.FrameType]:
     """The innermost frame of the caller's stack that is not prefetch's own; None if there is none."""
     frame: Optional[types.FrameType] = sys._getframe(1)
-    while frame is not None and _is_ours(frame):
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not (name.startswith(_PACKAGE) or name in _MACHINERY or name.startswith(_MACHINERY_DIRS)):
+            break
         frame = frame.f_back
     return frame
 
@@ -81,10 +79,9 @@ def warn(message: str, category: type[Warning], at: Optional[Location] = None) -
         if frame is None:
             warnings.warn(message, category, stacklevel=2)
             return
-        at = (frame.f_code.co_filename, frame.f_lineno)
-        module = frame.f_globals.get("__name__", "<unknown>")
-        registry = frame.f_globals.setdefault("__warningregistry__", {})
-        warnings.warn_explicit(message, category, at[0], at[1], module=module, registry=registry)
+        warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                               module=frame.f_globals.get("__name__", "<unknown>"),
+                               registry=frame.f_globals.setdefault("__warningregistry__", {}))
         return
     warnings.warn_explicit(message, category, at[0], at[1])
 

@@ -255,29 +255,24 @@ def _import_adapter(framework: str) -> bool:
 _device_hints: list[Callable[[str], Optional[str]]] = []
 
 
-def _refuse_device_string(device: str) -> TypeError:
-    """The error for a device named by a string ('cuda', 'gpu:0'), saying what to pass instead.
-
-    A string is refused: it does not say which framework's arrays the batches should
-    become (the device object does). Only on this error path are the adapters of the
-    installed frameworks imported, for their hints."""
-    for framework, ep in sorted(_declared().items()):
-        if importlib.util.find_spec(framework) is not None:
-            try:
-                ep.load()
-            except ImportError:
-                continue
-    hints = [h for h in (hint(device) for hint in _device_hints) if h]
-    frameworks = ", ".join(sorted(_declared())) or "none installed"
-    instead = (" or ".join(hints) if hints else
-               f"a device object of a framework with a prefetch adapter ({frameworks})")
-    return TypeError(f"device must be a framework's device object, not the string {device!r}: pass {instead}")
-
-
 def _open_device(device: Any) -> Delivery:
     """The Delivery for ``device=``, from the adapter that registered its type."""
+    frameworks = ", ".join(sorted(_declared())) or "none installed"
     if isinstance(device, str):
-        raise _refuse_device_string(device)
+        # Refused ('cuda', 'gpu:0'): it does not say which framework's arrays
+        # the batches should become (the device object does). Only on this
+        # error path are the installed frameworks' adapters imported, for
+        # their hints of what to pass instead.
+        for framework, ep in sorted(_declared().items()):
+            if importlib.util.find_spec(framework) is not None:
+                try:
+                    ep.load()
+                except ImportError:
+                    continue
+        hints = [h for h in (hint(device) for hint in _device_hints) if h]
+        instead = (" or ".join(hints) if hints else
+                   f"a device object of a framework with a prefetch adapter ({frameworks})")
+        raise TypeError(f"device must be a framework's device object, not the string {device!r}: pass {instead}")
     for attempt in range(2):
         for base in type(device).__mro__:
             open_fn = _device_types.get(base)
@@ -285,7 +280,6 @@ def _open_device(device: Any) -> Delivery:
                 return open_fn(device)
         if attempt == 0 and not _import_adapter_for(type(device)):
             break
-    frameworks = ", ".join(sorted(_declared())) or "none installed"
     raise TypeError(
         f"device must be None or a device object of a framework with a prefetch adapter "
         f"({frameworks}), got {device!r} ({type(device).__name__})")

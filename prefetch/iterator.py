@@ -1,10 +1,5 @@
-"""``Prefetcher``: the user-facing iterator over the compiled core.
-
-This layer owns what users touch: argument checks, ``repr``, the context
-manager and the finalizer. The publisher thread references only the inner
-``_Core``, so dropping the last reference to a ``Prefetcher`` runs its
-finalizer at once, which closes the core and joins the thread.
-"""
+"""``Prefetcher``: the user-facing iterator over the compiled core (its
+finalizer, ``close()`` and ``with`` are ``_Lifecycle``'s)."""
 from __future__ import annotations
 
 import threading
@@ -125,10 +120,8 @@ class Prefetcher(_Lifecycle, Generic[T]):
         self._start(iterator)
 
     def _start(self, iterator: Iterator[T]) -> None:
-        o = self._options
-        stage = _FetchStage(iterator, self._copy, o.name)
-        self._install(_Core(stage, pool=self._pool, **o.core()),
-                      self._thread_states)
+        stage = _FetchStage(iterator, self._copy, self._options.name)
+        self._install(_Core(stage, pool=self._pool, **self._options.core()), self._thread_states)
 
     def __iter__(self) -> "Prefetcher[T]":
         core = self._core
@@ -154,14 +147,12 @@ class Prefetcher(_Lifecycle, Generic[T]):
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
+        def __enter__(self) -> "Prefetcher[T]": ...
 
     def __len__(self) -> int:
         if not isinstance(self._source, Sized):
             raise TypeError(f"the source of {self!r} has no len()")
         return len(self._source)
-
-    def __enter__(self) -> "Prefetcher[T]":
-        return self
 
     def __repr__(self) -> str:
         core = self._core

@@ -1,9 +1,5 @@
-"""``Loader`` and ``map``: per-sample work on threads.
-
-``dataset[i]`` (or ``fn(item)``) runs on several threads at once; with the
-default collate each sample is copied straight into its row of a pooled batch
-block by the thread that loaded it. A Loader is an iterable: ``iter(loader)``
-starts an epoch, the stage of a new compiled ``_Core`` (the map stage is in
+"""``Loader`` and ``map``: per-sample work on threads. ``iter(loader)`` starts
+an epoch, the stage of a new compiled ``_Core`` (the map stage is in
 ``_map.pxi``, the collate in ``_collate.pxi``), and returns its iterator.
 """
 from __future__ import annotations
@@ -430,8 +426,7 @@ class Loader(_Threaded, Generic[T]):
         else:
             mode = MAP_STACK if collate is None else MAP_CUSTOM
         if stream:
-            self._streams = Workers(dataset, workers, batch_size or 1, drop_last,
-                                    self._replicate or stream_copy)
+            self._streams = Workers(dataset, workers, batch_size or 1, drop_last, self._replicate or stream_copy)
         self._setup(None if stream else dataset.__getitem__, mode, collate, options, device, worker_init)
         self._position = Position(**{"dataset": dataset, "batch_size": batch_size,
                                      "order": order_part(shuffle, sampler, batch_sampler),
@@ -443,9 +438,7 @@ class Loader(_Threaded, Generic[T]):
     # framework, order, batch_size).
     _said: dict[str, Any] = {}
     _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
-    # A drop-in's word on whether its dataset is a stream; None: an iterable
-    # dataset has __iter__, and not both __getitem__ and __len__.
-    _stream: Optional[bool] = None
+    _stream: Optional[bool] = None   # a drop-in's word on whether its dataset is a stream (None: _is_stream's)
 
     # -- epochs and resuming ------------------------------------------------
 
