@@ -53,21 +53,16 @@ def _copy_ndarray(nd, plan):
     MXNet's own copy, equally unwaited, under NumPy-shape semantics
     (_np_shape_copy). The copy has ``nd``'s type: ``mx.np.ndarray`` or NDArray.
     """
-    if plan.device is None:
-        # A small array on the host is copied here, at once: nothing to throttle.
-        out = _engine.copy_leaf(nd, plan, None, True)
-        if out is not None:
-            return out
     copies = _throttle(plan)
     ctx = getattr(plan.device, "ctx", None)
-    out = _engine.copy_leaf(nd, plan, ctx)
+    out = _engine.copy_leaf(nd, plan, ctx, copies)   # one made at once is not in copies
     if out is None:
         if ctx is None:
             ctx = nd.ctx   # mx.np arrays warn on .context
             if ctx.device_typeid == 5:  # cpu_shared: land the copy on cpu(0)
                 ctx = mx.cpu(0)
         out = _np_shape_copy(nd, ctx)
-    copies.append(out)
+        copies.append(out)
     if isinstance(nd, mx.np.ndarray) and not isinstance(out, mx.np.ndarray):
         out = out.as_np_ndarray()   # numpy-mode arrays stay mx.np (a second handle, no copy)
     return out
