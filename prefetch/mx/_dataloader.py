@@ -183,17 +183,6 @@ def _own_copy(paths, copies, dataset, worker_id):
 
 # -- the batch sampler, its order and its state ----------------------------------
 
-def _numpy_state():
-    name, key, pos, has_gauss, gauss = np.random.get_state()
-    return {"key": base64.b64encode(key.astype("<u4").tobytes()).decode("ascii"), "pos": int(pos),
-            "has_gauss": int(has_gauss), "gauss": float(gauss)}
-
-
-def _set_numpy_state(state):
-    key = np.frombuffer(base64.b64decode(state["key"], validate=True), "<u4")
-    np.random.set_state(("MT19937", key, state["pos"], state["has_gauss"], state["gauss"]))
-
-
 class _Batches:
     """Gluon's batch sampler as the Loader sees it: an iterable of index
     lists with no ``set_epoch`` (the Loader's epochs are not Gluon's), whose
@@ -219,11 +208,16 @@ class _Batches:
     # DataLoader checks a resumed state's batches itself.
 
     def state_dict(self):
+        _, key, pos, has_gauss, gauss = np.random.get_state()
+        rng = {"key": base64.b64encode(key.astype("<u4").tobytes()).decode("ascii"), "pos": int(pos),
+               "has_gauss": int(has_gauss), "gauss": float(gauss)}
         carried = getattr(self.batch_sampler, "_prev", None)
-        return {"numpy_rng": _numpy_state(), "rollover": None if carried is None else [int(i) for i in carried]}
+        return {"numpy_rng": rng, "rollover": None if carried is None else [int(i) for i in carried]}
 
     def load_state_dict(self, state):
-        _set_numpy_state(state["numpy_rng"])
+        rng = state["numpy_rng"]
+        key = np.frombuffer(base64.b64decode(rng["key"], validate=True), "<u4")
+        np.random.set_state(("MT19937", key, rng["pos"], rng["has_gauss"], rng["gauss"]))
         if state["rollover"] is not None and hasattr(self.batch_sampler, "_prev"):
             self.batch_sampler._prev = list(state["rollover"])
 
@@ -376,8 +370,7 @@ class DataLoader(_gluon_data.DataLoader):
         self._iter = None   # a prefetched pass is used once
         with self._lock:
             self._busy.add(id(loader))
-        cut = loader.batch_sampler.cut
-        handed = cut.skip   # batches of the pass handed out, those before a loaded state too
+        handed = loader.batch_sampler.cut.skip   # batches of the pass handed out (before a loaded state too)
         rest = self._hand_over(loader, handed) if self._choice.processes else None
         try:
             while True:
@@ -391,8 +384,12 @@ class DataLoader(_gluon_data.DataLoader):
                 handed += 1
                 if rest is not None:
                     self._process_pass.handed = handed
-                elif self._choice.notices:
-                    rest = self._decide(loader, handed)
+                elif self._choice.notices and self._choice.decide(
+                        lambda: why_not_processes(self._dataset, self._given_batchify),
+                        lambda note, reason: say(note, self._num_workers, reason)):
+                    # The threads measured dataset[i] holding the GIL: Gluon's worker pool
+                    # loads the rest of the pass, and every later one; the one warning said so.
+                    rest = self._hand_over(loader, handed)
                 yield _to_nd(batch) if self._on_host else batch
             if rest is not None:   # the threads' part is over: Gluon's workers go on
                 process_pass = self._process_pass
@@ -405,16 +402,6 @@ class DataLoader(_gluon_data.DataLoader):
             self._release(loader, epoch)
         if self._iter is None and self.auto_reload:
             self.refresh()
-
-    def _decide(self, loader, handed):
-        """The threads measured dataset[i] holding the GIL: Gluon's worker
-        pool loads the rest of the pass, and every later one, where it can
-        run the dataset; the one warning says what and why. The rest's
-        batches, or None (threads)."""
-        if not self._choice.decide(lambda: why_not_processes(self._dataset, self._given_batchify),
-                                   lambda note, reason: say(note, self._num_workers, reason)):
-            return None
-        return self._hand_over(loader, handed)
 
     def _hand_over(self, loader, handed):
         """The index lists of the pass begun that no thread opened go to

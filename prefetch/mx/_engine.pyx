@@ -302,7 +302,7 @@ cdef int _copy_now(Handle src, size_t nbytes, Holder *h, Handle *out) noexcept:
 
 # -- the calls the adapter makes ----------------------------------------------
 
-def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, bint small_only=False):
+def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, list pushed=None):
     """A fresh NDArray with ``nd``'s shape, dtype and values, or None.
 
     On ``ctx`` (an mx.Context) when given, else on ``nd``'s own context, but
@@ -311,19 +311,20 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, bint small_only=Fa
     plan's pool, which goes back to the pool when MXNet frees the NDArray.
     An ``mx.np.ndarray`` comes out as one (numpy-mode Gluon blocks take no
     other), any other NDArray as an ``mx.nd.NDArray``.
-    The copy is issued to the engine, not waited for; a small array on the
-    host going to cpu(0) with ``plan`` is copied here instead (``_copy_now``).
-    None when this path does not apply (sparse storage, 0-d, an empty or
-    unknown shape): the caller then copies through Python; with
-    ``small_only``, also when the copy would not be made here.
+    The copy is issued to the engine, not waited for (and appended to
+    ``pushed`` when given); a small array on the host going to cpu(0) with
+    ``plan`` is copied here instead (``_copy_now``). None when this path
+    does not apply (sparse storage, 0-d, an empty or unknown shape): the
+    caller then copies through Python.
     """
     cdef Handle src = _handle_of(nd)
     cdef Handle dst = NULL
     cdef Holder *h = NULL
     cdef pf_block *blk
-    cdef int ndim, dtype = 0, stype = 0, dev_type = 0, dev_id = 0, i, rc
+    cdef int ndim, dtype = 0, stype = 0, dev_type = 0, dev_id = 0, i, rc = 1
     cdef int64_t shape[MAX_NDIM]
     cdef size_t nbytes
+    cdef bint now = False   # a small host array, copied here
     if _get_stype(src, &stype) != 0 or _get_dtype(src, &dtype) != 0:
         _error()
     if stype != STYPE_DEFAULT or not 0 <= dtype < N_DTYPES:
@@ -343,10 +344,8 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, bint small_only=Fa
             dev_type, dev_id = DEV_CPU, 0
     else:
         dev_type, dev_id = ctx.device_typeid, ctx.device_id
-    if small_only and not (plan is not None and dev_type == DEV_CPU and dev_id == 0 and dtype < 8
-                           and nbytes < NOGIL_MIN_BYTES and _on_host(src)):
-        return None
     if plan is not None and dev_type == DEV_CPU and dev_id == 0 and dtype < 8:
+        now = nbytes < NOGIL_MIN_BYTES and _on_host(src)   # asked first: an error leaks no block
         blk = take_block(plan, nbytes)
         try:
             h = _holder(blk.data, ndim, shape, dtype)
@@ -354,9 +353,10 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, bint small_only=Fa
             put_block(blk)
             raise
         h.blk = blk
-    rc = 1
-    if h != NULL and nbytes < NOGIL_MIN_BYTES and (small_only or _on_host(src)):
+    if now:
         rc = _copy_now(src, nbytes, h, &dst)
+        if rc == 0:
+            pushed = None   # no engine op to wait for
     if rc == 1 and nbytes >= NOGIL_MIN_BYTES:
         with nogil:
             rc = _push_copy(src, ndim, shape, dtype, dev_type, dev_id, h, &dst)
@@ -366,7 +366,10 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, bint small_only=Fa
         _error()
     if plan is not None and h == NULL:
         plan.nbytes += nbytes  # a copy elsewhere (a device) also counts for max_bytes, stats
-    return _ndarray(dst, _NP_NDArray if isinstance(nd, _NP_NDArray) else _NDArray)
+    out = _ndarray(dst, _NP_NDArray if isinstance(nd, _NP_NDArray) else _NDArray)
+    if pushed is not None:
+        pushed.append(out)
+    return out
 
 
 def wrap_numpy(cnp.ndarray a, object ctx):

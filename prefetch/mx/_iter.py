@@ -1,8 +1,8 @@
 """``PrefetchingIter``: a drop-in for ``mx.io.PrefetchingIter``.
 
-Threading contract: ``_Feed.__next__`` runs on the prefetcher's publisher thread (it
-is the source of the PrefetchingIter's Prefetcher); every ``PrefetchingIter``
-method runs on the consumer's thread.
+Threading contract: ``_Rounds.__next__`` runs on the prefetcher's publisher
+thread (it is the source of the PrefetchingIter's Prefetcher); every
+``PrefetchingIter`` method runs on the consumer's thread.
 """
 import threading
 import weakref
@@ -14,25 +14,22 @@ from prefetch.mx._mxnet import mx
 _MISMATCH = "Number of entry mismatches between iterators"
 
 
-class _Feed:
+class _Rounds:
     """The source of a PrefetchingIter's Prefetcher: one round pulls one batch
     from each wrapped iterator and combines them (as mx's iter_next does).
 
-    A round may start only while ``rounds < taken + depth``, so at any quiet
-    moment the wrapped iterators have been read exactly ``depth`` batches past
-    what the consumer took (or to their end), as mx's class with depth 1.  That
-    makes ``reset()`` deterministic.  It holds no reference to the
+    The Prefetcher takes a slot of its ring (``depth`` slots) before each
+    round, and the consumer frees one with each batch it takes: at any quiet
+    moment the wrapped iterators have been read exactly ``depth`` batches
+    past what the consumer took (or to their end), as mx's class with depth
+    1. That makes ``reset()`` deterministic. It holds no reference to the
     PrefetchingIter: the publisher thread must not keep it alive.
     """
 
-    def __init__(self, iters, depth):
+    def __init__(self, iters):
         self.iters = iters
-        self.depth = depth
-        self.cond = threading.Condition()
-        self.rounds = 0       # rounds completed
-        self.taken = 0        # batches the consumer took
-        self.in_round = False
-        self.waiting = False  # the publisher is in (or entering) its wait for the consumer
+        self.lock = threading.Lock()   # held for a round: stop() waits for the one in progress
+        self.rounds = 0       # rounds begun
         self.stopped = False  # set by reset()/close(): no round starts after it
         self.done = False     # the iterators ended (or raised): no more rounds
 
@@ -40,60 +37,30 @@ class _Feed:
         return self
 
     def __next__(self):
-        # The round is claimed (in_round) before ``stopped`` and the bound are
-        # read, and stop() sets ``stopped`` before it reads ``in_round``: one
-        # sees the other (the GIL orders them), so no round runs past a
-        # stop(wait=True) unwaited. The condition is taken only to wait.
-        while True:
-            self.in_round = True
-            if not (self.stopped or self.done or self.rounds >= self.taken + self.depth):
-                break
-            self.in_round = False
-            if self.stopped or self.done:
-                with self.cond:
-                    self.cond.notify_all()   # a stop(wait=True) may be waiting for in_round
-                raise StopIteration
-            with self.cond:
-                self.waiting = True
-                while not self.stopped and self.rounds >= self.taken + self.depth:
-                    self.cond.wait()
-                self.waiting = False
-        try:
-            batch = self.round()
-        finally:
-            self.in_round = False
-            if self.stopped:
-                with self.cond:
-                    self.cond.notify_all()
+        with self.lock:
+            batch = None if self.stopped or self.done else self.round()
         if batch is None:
             raise StopIteration
         return batch
 
     def round(self):
-        """Pull one batch from every iterator; None at the end of the data."""
-        ok = False
-        try:
-            batches = []
-            for it in self.iters:
-                try:
-                    batches.append(it.next())
-                except StopIteration:
-                    batches.append(None)
-            ok = True
-        finally:
-            self.rounds += 1
-            if not ok:
-                self.done = True
+        """Pull one batch from every iterator; None at the end of the data. A
+        round that ends the data, raises or finds the iterators disagreeing is
+        the last (``done``)."""
+        self.rounds += 1
+        self.done = True
+        batches = []
+        for it in self.iters:
+            try:
+                batches.append(it.next())
+            except StopIteration:
+                batches.append(None)
         first = batches[0]
-        if first is None:
-            self.done = True
-            if any(b is not None for b in batches):
-                raise AssertionError(_MISMATCH)
+        if all(b is None for b in batches):
             return None
-        for b in batches:
-            if b is None or b.pad != first.pad:
-                self.done = True
-                raise AssertionError(_MISMATCH)
+        if any(b is None or b.pad != first.pad for b in batches):
+            raise AssertionError(_MISMATCH)
+        self.done = False
         # The parts of the combined batch: the consumer's thread makes the
         # DataBatch (as mx's class does), so the prefetcher copies a tuple and
         # lists, not a DataBatch's attributes.
@@ -101,42 +68,24 @@ class _Feed:
                 sum([[] if b.label is None else list(b.label) for b in batches], []),
                 first.pad, first.index)
 
-    def took_one(self):
-        # Only the consumer's thread writes ``taken``; the condition is taken
-        # only when the publisher waits on it (``waiting`` is set, under the
-        # condition, before the publisher reads ``taken``), not per batch.
-        self.taken += 1
-        if self.waiting:
-            with self.cond:
-                self.cond.notify_all()
+    def stop(self):
+        """No round starts after this, and the one in progress has ended
+        (reset() needs the iterators quiet; close() sets ``stopped`` alone: it
+        must not wait on a stuck source, the prefetcher's close() bounds that)."""
+        self.stopped = True
+        try:
+            with self.lock:
+                pass
+        except BaseException:
+            self.stopped = False   # KeyboardInterrupt in reset(): nothing was dropped, carry on
+            raise
 
-    def stop(self, wait=False):
-        """No round starts after this; with ``wait``, also waits for the round
-        in progress (reset() needs the iterators quiet; close() must not wait
-        on a stuck source, the prefetcher's close() bounds that)."""
-        with self.cond:
-            self.stopped = True
-            self.cond.notify_all()
-            try:
-                while wait and self.in_round:
-                    self.cond.wait(0.1)
-            except BaseException:
-                # KeyboardInterrupt in reset(): nothing was dropped, carry on.
-                self.stopped = False
-                self.cond.notify_all()
-                raise
-
-    def top_up(self):
-        """After stop() and the prefetcher's close(): read the iterators to where
-        an undisturbed prefetcher would be (``depth`` past the consumer), so a
-        reset finds them where mx's class leaves them."""
-        while not self.done and self.rounds < self.taken + self.depth:
+    def top_up(self, rounds):
+        """After stop() and the prefetcher's close(): read the iterators to
+        ``rounds`` (where an undisturbed prefetcher would be: ``depth`` past
+        the consumer), so a reset finds them where mx's class leaves them."""
+        while not self.done and self.rounds < rounds:
             self.round()
-
-
-def _shutdown(feed, pf):
-    feed.stop()  # first: the publisher thread may be parked in the feed's wait
-    pf.close()
 
 
 def _descs(iters, renames, attr):
@@ -221,22 +170,16 @@ class PrefetchingIter(mx.io.DataIter):
         descs = self.provide_data
         self.batch_size = descs[0][1][0] if descs else getattr(iters[0], "batch_size", 0)
         self.current_batch = None
-        self._depth = depth
         self._options = dict(depth=depth, device=device, timeout=timeout,
                              max_bytes=max_bytes, workers=workers, name=name)
         self._start()
         self._closed = False
 
     def _start(self):
-        feed = _Feed(self.iters, self._depth)
-        try:
-            pf = Prefetcher(feed, **self._options)
-        except BaseException:
-            feed.stop()
-            raise
-        self._feed, self._pf = feed, pf
-        self._exhausted = False
-        self._finalizer = weakref.finalize(self, _shutdown, feed, pf)
+        self._rounds = _Rounds(self.iters)
+        self._pf = Prefetcher(self._rounds, **self._options)
+        # Closes the prefetcher once: at close() or reset(), else at exit.
+        self._finalizer = weakref.finalize(self, self._pf.close)
 
     @property
     def provide_data(self):
@@ -257,12 +200,11 @@ class PrefetchingIter(mx.io.DataIter):
     def reset(self):
         """Drop what was prefetched, reset every iterator, and start prefetching."""
         self._check_open()
-        feed, pf = self._feed, self._pf
-        feed.stop(wait=True)
-        self._finalizer.detach()
-        pf.close()
-        try:
-            feed.top_up()  # a source error here is raised, after the reset below
+        taken = self._pf.stats().consumed   # the batches the consumer took
+        self._rounds.stop()   # the round in progress ends; none starts after it
+        self._finalizer()
+        try:   # a source error here is raised, after the reset below
+            self._rounds.top_up(taken + self._options["depth"])
         finally:
             for it in self.iters:
                 it.reset()
@@ -270,14 +212,10 @@ class PrefetchingIter(mx.io.DataIter):
 
     def iter_next(self):
         self._check_open()
-        if self._exhausted:
-            return False
         try:
-            batch = next(self._pf)
+            batch = next(self._pf)   # after the end (or an error), StopIteration again
         except StopIteration:
-            self._exhausted = True
             return False
-        self._feed.took_one()
         data, label, pad, index = batch
         self.current_batch = mx.io.DataBatch(data, label, pad, index, provide_data=self.provide_data,
                                              provide_label=self.provide_label)
@@ -301,6 +239,7 @@ class PrefetchingIter(mx.io.DataIter):
             return
         self._closed = True
         self.current_batch = None
+        self._rounds.stopped = True   # no round starts after this
         self._finalizer()   # the prefetcher's close() synchronises the engine once
 
     def __enter__(self):
@@ -318,4 +257,4 @@ class PrefetchingIter(mx.io.DataIter):
     def __repr__(self):
         state = "closed" if self._closed else "open"
         return (f"<prefetch.mx.PrefetchingIter n_iter={self.n_iter} "
-                f"depth={self._depth} {state}>")
+                f"depth={self._options['depth']} {state}>")

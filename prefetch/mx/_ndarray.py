@@ -19,15 +19,15 @@ _previous = weakref.WeakKeyDictionary()
 
 
 def _throttle(plan):
-    """At a batch's first NDArray: wait until the engine has run the previous
-    batch's copies. The copying thread then runs at most about one batch ahead
-    of the engine, so a source that allocates every batch (an NDArrayIter's
-    slices, a DataLoader's stacked batch) keeps no backlog of large arrays
-    alive, each a fresh allocation that page-faults (measured with a Gluon
-    DataLoader of 10 MB batches: up to 2x the time per batch without). It holds
-    the copies, never the sources: the core drops a source's batch before the
-    next next(source), for sources that refill one buffer. Returns the list
-    this batch's copies go into."""
+    """At a batch's first engine copy, once issued: wait until the engine has
+    run the previous batch's copies. The copying thread then runs at most
+    about one batch ahead of the engine, so a source that allocates every
+    batch (an NDArrayIter's slices, a DataLoader's stacked batch) keeps no
+    backlog of large arrays alive, each a fresh allocation that page-faults
+    (measured with a Gluon DataLoader of 10 MB batches: up to 2x the time per
+    batch without). It holds the copies, never the sources: the core drops a
+    source's batch before the next next(source), for sources that refill one
+    buffer. Returns the list this batch's copies go into."""
     state = _previous.get(plan)
     if state is None:
         state = _previous[plan] = [plan.batches, []]
@@ -53,21 +53,18 @@ def _copy_ndarray(nd, plan):
     MXNet's own copy, equally unwaited, under NumPy-shape semantics
     (_np_shape_copy). The copy has ``nd``'s type: ``mx.np.ndarray`` or NDArray.
     """
-    if plan.device is None:
-        # A small array on the host is copied here, at once: nothing to throttle.
-        out = _engine.copy_leaf(nd, plan, None, True)
-        if out is not None:
-            return out
-    copies = _throttle(plan)
     ctx = getattr(plan.device, "ctx", None)
-    out = _engine.copy_leaf(nd, plan, ctx)
+    pushed = []   # the copy, where the engine makes it (not one made at once)
+    out = _engine.copy_leaf(nd, plan, ctx, pushed)
     if out is None:
         if ctx is None:
             ctx = nd.ctx   # mx.np arrays warn on .context
             if ctx.device_typeid == 5:  # cpu_shared: land the copy on cpu(0)
                 ctx = mx.cpu(0)
         out = _np_shape_copy(nd, ctx)
-    copies.append(out)
+        pushed.append(out)
+    if pushed:
+        _throttle(plan).append(out)
     if isinstance(nd, mx.np.ndarray) and not isinstance(out, mx.np.ndarray):
         out = out.as_np_ndarray()   # numpy-mode arrays stay mx.np (a second handle, no copy)
     return out

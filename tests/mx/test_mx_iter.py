@@ -218,10 +218,16 @@ def test_reset_finds_sources_depth_batches_ahead(depth):
 
 def test_reset_pulls_what_the_thread_had_not_yet(monkeypatch):
     """§6: even when the fetch thread never got to run, reset() reads ahead as mx's does."""
-    # A feed that is never woken after a take: the thread cannot prefetch further,
-    # so reset() itself must read the sources up to `taken + depth`.
-    monkeypatch.setattr(pmx._iter._Feed, "took_one",
-                        lambda self: setattr(self, "taken", self.taken + 1))
+    # A thread that gets no further than its first round: reset() itself must
+    # read the sources up to `taken + depth`.
+    first_round = pmx._iter._Rounds.__next__
+
+    def no_further(rounds):
+        if rounds.rounds:
+            raise StopIteration
+        return first_round(rounds)
+
+    monkeypatch.setattr(pmx._iter._Rounds, "__next__", no_further)
     src = CountingIter()
     with pmx.PrefetchingIter(src, depth=2) as it:
         it.next()
