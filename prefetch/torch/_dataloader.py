@@ -9,8 +9,8 @@ iterator differs: ``num_workers`` threads of a ``prefetch.Loader`` instead
 of processes, over a map-style dataset or an ``IterableDataset`` alike; each
 thread is a worker (``_worker.py``).
 
-Threading contract: ``_Batches._take``, ``_OneSample`` and what
-``_worker.py`` says run on loader threads; everything else on the
+Threading contract: ``_Batches._take``, the collate for ``batch_size=None``
+and what ``_worker.py`` says run on loader threads; everything else on the
 consumer's thread.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ from prefetch._framework import (
 )
 from prefetch.torch._collate import as_torch
 from prefetch.torch._device import PinnedHost
-from prefetch.torch._processes import MID_STREAM, STREAM_STATE, TorchEpoch, Workers, say, why_not_processes
+from prefetch.torch._processes import STREAM_STATE, TorchEpoch, Workers, decide
 from prefetch.torch._sampler import (
     _Batches,
     _generators,
@@ -67,16 +67,6 @@ _T_co = TypeVar("_T_co", covariant=True)
 _REPLICAS = ("For multiprocessing data-loading, this could be caused by not properly configuring the "
              "IterableDataset replica at each worker. Please see "
              "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.")
-
-
-class _OneSample:
-    """collate for batch_size=None: torch applies collate_fn to the sample itself."""
-
-    def __init__(self, collate_fn: Any) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, samples: list[Any]) -> Any:
-        return self.collate_fn(samples[0])
 
 
 _TORCH_INIT = inspect.signature(torch.utils.data.DataLoader.__init__)
@@ -214,14 +204,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         parameters=[*_TORCH_INIT.parameters.values(),
                     inspect.Parameter("loading", inspect.Parameter.KEYWORD_ONLY, default="auto")])
 
-
     _closed = False   # close() ran: no epoch starts again
 
     def _get_iterator(self) -> Any:
         if self._closed:
             raise ClosedError("this DataLoader is closed")
-        if self.num_workers:
-            self.check_worker_number_rationality()   # as torch, for each new iterator
+        self.check_worker_number_rationality()   # as torch, for each new iterator
         it = _ThreadIter(self)
         self._position = it.position
         return it
@@ -247,7 +235,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self._resume is not None:
             return copy.deepcopy(self._resume)
         position = self._position
-        if position is not None and not (position.finished and not position.persistent):
+        if position is not None and not position.spent:
             return position.source.state_dict()  # type: ignore[no-any-return]
         return self._fresh_state()
 
@@ -255,10 +243,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """The state of a new iterator made now: its seed and epoch drawn from
         where the generator is (read through a copy: nothing is drawn)."""
         generator = _generator(self)
-        draw = torch.Generator()
-        draw.set_state(generator.get_state())
+        draw = generator.clone_state()
         seed = _base_seed(draw)
-        framework = _torch_part(generator)
         sampler = streams = length = None
         if isinstance(self.dataset, IterableDataset):
             # New workers copy the dataset as it is now: its own state with it
@@ -271,7 +257,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             generators = [draw, *_generators(self._index_sampler, generator)[1:]]
             sampler = sampler_part(generators, _stateful_samplers(self))
         return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=length, batch_size=self.batch_size,
-                          order=_order(self), sampler=sampler, streams=streams, framework=framework)
+                          order=_order(self), sampler=sampler, streams=streams, framework=_torch_part(generator))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter(loader)`` continues where ``state`` (from
@@ -305,10 +291,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             order=_order(self), seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
             framework=TORCH_LOADER, workers=max(self.num_workers, 1) if iterable else None, owner="DataLoader")
         try:
-            part = resume.framework
-            draw = torch.Generator()
-            draw.set_state(decode_generator(part["iterator_rng"]))
-            if _base_seed(draw) != seed:
+            if _base_seed(decode_generator(resume.framework["iterator_rng"])) != seed:
                 raise ValueError("its seed is not the one its iterator_rng draws")
             if not iterable:
                 _check_sampler_part(resume.sampler, self)
@@ -356,20 +339,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         iteration in progress raises ``prefetch.ClosedError`` at its next
         ``next()``, as does a new one."""
         self._closed = True
-        if isinstance(self._iterator, _ThreadIter):   # persistent workers'
-            self._iterator.close()
-        if self._position is not None:   # the epoch begun last
+        if self._position is not None:   # the iterator made last (persistent workers' too) and its epoch
             self._position.close()
 
     def __getstate__(self) -> dict[str, Any]:
         """What pickles is what torch's loader pickles (the dataset, the
         samplers, the arguments) and a loaded state: not the threads of an
         epoch begun, which stay in this process as torch's worker processes do."""
-        state = self.__dict__.copy()
-        state.pop("_position", None)
-        if isinstance(state.get("_iterator"), _ThreadIter):
-            state["_iterator"] = None
-        return state
+        return dict(self.__dict__, _position=None, _iterator=None)
 
     def __enter__(self) -> DataLoader:
         return self
@@ -445,12 +422,9 @@ def _base_seed(generator: Any) -> int:
 
 def _stateful_samplers(loader: Any) -> list[Any]:
     """The user's samplers with their own state (torchdata's ``Stateful``):
-    saved as an epoch begins, restored before a resumed epoch reads them."""
-    found = []
-    for s in (loader.batch_sampler, loader.sampler):
-        if stateful(s) and all(s is not f for f in found):
-            found.append(s)
-    return found
+    saved as an epoch begins, restored before a resumed epoch reads them.
+    Never the same object twice: torch refuses a sampler beside a batch sampler."""
+    return [s for s in (loader.batch_sampler, loader.sampler) if stateful(s)]
 
 
 def _check_sampler_part(part: Any, loader: Any) -> None:
@@ -458,9 +432,8 @@ def _check_sampler_part(part: Any, loader: Any) -> None:
     one generator state per generator, each one torch accepts; one state per
     stateful sampler, each one that sampler accepts (tried on it, its own
     put back: the resumed epoch loads it as it begins)."""
-    generator = _generator(loader)
     generators, samplers = part["generators"], part["samplers"]
-    expected = _generators(loader._index_sampler, generator)
+    expected = _generators(loader._index_sampler, _generator(loader))
     if not isinstance(generators, list) or len(generators) != len(expected):
         raise ValueError(f"it has {len(generators)!r} generator states; this DataLoader draws from {len(expected)}")
     for text in generators:
@@ -504,9 +477,8 @@ class _ThreadIter:
         generator = _generator(loader)
         resume, loader._resume = loader._resume, None
         checked, loader._checked = loader._checked, None
-        with contextlib.ExitStack() as drawing:
-            if resume is not None:
-                drawing.enter_context(drawing_from(generator, decode_generator(resume["framework"]["iterator_rng"])))
+        saved = None if resume is None else resume["framework"]["iterator_rng"]
+        with contextlib.nullcontext() if saved is None else drawing_from(generator, saved):
             framework = _torch_part(generator)
             base_seed = _base_seed(loader.generator)
         self._batches: _Batches | None = None
@@ -530,7 +502,7 @@ class _ThreadIter:
             # Each worker thread iterates a copy of its own (the dataset itself
             # with num_workers=0, as torch's main process); torch's batch_size=None
             # hands out collate_fn(sample) for each sample.
-            per_thread: Any = stream_replica if loader.num_workers > 0 else _the_dataset
+            per_thread: Any = stream_replica if loader.num_workers > 0 else lambda dataset, worker_id: dataset
             batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last, collate=collate)
         else:
             self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
@@ -538,8 +510,11 @@ class _ThreadIter:
             # Each thread loads from a copy of its own, as each worker process (not with
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
-            batching = dict(batch_sampler=self._batches, collate=collate if auto else _OneSample(collate))
-        init = InitThread(loader.num_workers, loader.worker_init_fn)
+            # batch_size=None: torch applies collate_fn to each sample itself.
+            batching = dict(batch_sampler=self._batches,
+                            collate=collate if auto else lambda samples: collate(samples[0]))
+        # None with num_workers=0: torch loads in its main process then, with no worker_init_fn.
+        init = InitThread(loader.worker_init_fn) if loader.num_workers else None
         # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
         # A batch's error is that batch's; the epoch goes on (torch's does).
         # Pinned on the publisher thread, as on torch's pin-memory thread;
@@ -558,7 +533,7 @@ class _ThreadIter:
             self._handed = resume["batches"]
             if self._batches is not None:
                 self._batches.dropped = resume["batches"]   # read again as the epoch begins, then dropped
-        self.position = _Position(self, self._source, self._persistent)
+        self.position = _Position(self, self._source)
         # torch's iterators have no close(): one dropped mid-epoch closes its loader,
         # not making the dropping line wait for a thread inside dataset[i].
         close_when_dropped(self, self._source.close)
@@ -580,7 +555,7 @@ class _ThreadIter:
             self._handed = 0
         self._yielded = self._taken = 0
         self._done = False
-        self.position.finished = False
+        self.position.spent = False
         self.position.source = self._source
         self._processes, self._drained = None, False
         if self._choice.processes and self._iterable:
@@ -623,7 +598,7 @@ class _ThreadIter:
             if self._processes is not None:   # the threads' part is over: torch's workers go on
                 self._drained = True
                 return self._from_processes()
-            self.position.finished = True
+            self.position.spent = not self._persistent
             self._end(close=not self._persistent)
             raise
         except BaseException as exc:
@@ -638,8 +613,9 @@ class _ThreadIter:
             raise
         self._handed_one()
         self._yielded += 1
-        if self._processes is None and self._choice.notices:
-            self._decide()
+        # The threads measured dataset[i] holding the GIL: torch's workers load the rest where they can.
+        if self._processes is None and self._choice.notices and decide(self._choice, self._loader(), self._iterable):
+            self._hand_over()   # where every batch was opened, the next epoch begins in processes
         if self._iterable and self._len_called is not None and self._yielded > self._len_called:
             warnings.warn(f"Length of IterableDataset {self._dataset} was reported to be {self._len_called}"
                           f"(when accessing len(dataloader)), but {self._yielded} samples have been "
@@ -656,18 +632,6 @@ class _ThreadIter:
         self._taken += 1
         if self._processes is not None:
             self._processes.handed = self._handed
-
-    def _decide(self) -> None:
-        """The threads measured dataset[i] holding the GIL: torch's worker
-        processes load the rest of the epoch, and every later one, where they
-        can run the dataset; the one warning says what and why."""
-        loader = self._loader()   # None: the iterator outlived it, nothing to build torch's from
-
-        def why_not() -> str | None:
-            return "its DataLoader is gone" if loader is None else (
-                MID_STREAM if self._iterable else why_not_processes(loader))
-        if self._choice.decide(why_not, lambda note, reason: say(note, loader, reason)):
-            self._hand_over()   # where every batch was opened, the next epoch begins in processes
 
     def _hand_over(self) -> None:
         """The batches of the epoch begun that no thread opened go to torch's
@@ -688,7 +652,7 @@ class _ThreadIter:
         try:
             batch = processes.take()
         except StopIteration:
-            self.position.finished = True
+            self.position.spent = not self._persistent
             self._end(close=not self._persistent)
             raise
         finally:
@@ -717,12 +681,11 @@ class _Position:
     the state of a run that saves its checkpoint after leaving its loop, or
     on shutdown."""
 
-    __slots__ = ("source", "persistent", "finished", "iterator")
+    __slots__ = ("source", "spent", "iterator")
 
-    def __init__(self, iterator: _ThreadIter, source: Any, persistent: bool) -> None:
+    def __init__(self, iterator: _ThreadIter, source: Any) -> None:
         self.source = source
-        self.persistent = persistent
-        self.finished = False   # the consumer met the end of its epoch
+        self.spent = False   # its epoch ended, and the next iter() makes a new iterator (not persistent)
         self.iterator = weakref.ref(iterator)   # not kept alive: dropped, it closes its source
 
     def close(self) -> None:
@@ -732,7 +695,3 @@ class _Position:
             iterator.close()
         self.source.close()
 
-
-def _the_dataset(dataset: Any, worker_id: int) -> Any:
-    """num_workers=0: the one thread iterates the dataset itself, as torch's main process."""
-    return dataset

@@ -36,75 +36,59 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
+from torch.utils.data.dataloader import DataLoader as TorchDataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from prefetch._framework import ProcessEpoch, say_handover, start_method, unpicklable
+from prefetch._framework import Choice, ProcessEpoch, say_handover, start_method, unpicklable
 from prefetch.torch._sampler import decode_generator
-from prefetch.torch._torch import torch
 
-# Why a map-style dataset's epoch with in_order=False stays on threads under loading="auto".
+# Why an epoch stays on threads under loading="auto" though torch's worker processes could run the dataset.
 OUT_OF_ORDER = ("with in_order=False its state_dict() names each batch handed out, which torch's worker processes "
                 "do not report (with in_order=True they take over)")
-
-
-def why_not_processes(loader: Any) -> Optional[str]:
-    """Why torch's worker processes cannot take this loader's epochs; None where they can."""
-    if not loader.in_order:
-        return OUT_OF_ORDER
-    method = start_method(loader.multiprocessing_context)
-    if method == "fork":
-        return None
-    return unpicklable("dataset, collate_fn or worker_init_fn",
-                       (loader.dataset, loader.collate_fn, loader.worker_init_fn), f"the {method!r} start method")
-
-
-# Why a stream's epoch stays on threads under loading="auto".
 MID_STREAM = ("an IterableDataset's epoch cannot move to them mid-epoch (each worker's position in the stream is "
               "its thread's); loading='processes' loads it in torch's worker processes from the start")
 
 
-def say(note: Any, loader: Any, reason: Optional[str]) -> None:
-    """The one warning about the GIL notice ``note``: what the DataLoader does (at the user's line)."""
-    say_handover(note, reason, framework="torch", loader="torch.utils.data.DataLoader",
-                 workers=0 if loader is None else loader.num_workers,
-                 method="" if loader is None else start_method(loader.multiprocessing_context),
-                 same="the same batches, order, seeds and state_dict()",
-                 cannot_run=reason not in (MID_STREAM, OUT_OF_ORDER))
+def decide(choice: Choice, loader: Any, stream: bool) -> bool:
+    """The GIL notice ``choice`` holds, acted on once per DataLoader: True
+    where torch's worker processes now take the epochs of ``loader`` (None:
+    the iterator outlived it, nothing to build torch's from); the one
+    warning, at the user's line, says what and why."""
+    def why_not() -> Optional[str]:
+        if loader is None:
+            return "its DataLoader is gone"
+        if stream:
+            return MID_STREAM
+        if not loader.in_order:
+            return OUT_OF_ORDER
+        method = start_method(loader.multiprocessing_context)
+        if method == "fork":
+            return None
+        return unpicklable("dataset, collate_fn or worker_init_fn",
+                           (loader.dataset, loader.collate_fn, loader.worker_init_fn), f"the {method!r} start method")
+
+    def say(note: Any, reason: Optional[str]) -> None:
+        say_handover(note, reason, framework="torch", loader="torch.utils.data.DataLoader",
+                     workers=0 if loader is None else loader.num_workers,
+                     method="" if loader is None else start_method(loader.multiprocessing_context),
+                     same="the same batches, order, seeds and state_dict()",
+                     cannot_run=reason not in (MID_STREAM, OUT_OF_ORDER))
+    return choice.decide(why_not, say)
 
 
-class _Rest:
-    """The epoch's index lists not opened by the threads, as torch's iterator
-    reads its ``_index_sampler``; fed again for each epoch of persistent workers."""
-
-    def __init__(self, single: bool, length: int) -> None:
-        self.single = single   # batch_size=None: torch's sampler gives indices
-        self.length = length
-        self.batches: Iterator[Any] = iter(())
-
-    def __iter__(self) -> Iterator[Any]:
-        return (keys[0] for keys in self.batches) if self.single else self.batches
-
-    def __len__(self) -> int:
-        return self.length
-
-
-def _torch_loader(loader: Any, rest: Optional[_Rest], iterator_rng: str) -> Any:
+def _torch_loader(loader: Any, rest: Optional[Iterator[Any]], iterator_rng: str) -> Any:
     """A torch ``DataLoader`` that is ``loader`` (every attribute torch's
     iterator reads: dataset, collate_fn, worker_init_fn, multiprocessing
     context, prefetch_factor, pin_memory, timeout, persistent_workers) with
     ``rest`` as its sampler (None: an IterableDataset's, as it is) and a
     generator set to where ``loader``'s was as its iterator drew the base
     seed (``iterator_rng``), so torch's iterator draws the same seed.
-    torch's own class, whatever ``patch()`` rebound."""
-    own = next(c for c in type(loader).__mro__
-               if c.__module__ == "torch.utils.data.dataloader" and c.__name__ == "DataLoader")
-    proxy = own.__new__(own)
+    torch's own class, which ``patch()`` never rebinds where torch defines it."""
+    proxy = TorchDataLoader.__new__(TorchDataLoader)
     fields = dict(vars(loader))
-    generator = torch.Generator()
-    generator.set_state(decode_generator(iterator_rng))
-    fields.update(generator=generator, _iterator=None)
+    fields.update(generator=decode_generator(iterator_rng), _iterator=None)
     if rest is not None:
-        fields["batch_sampler" if rest.single is False else "sampler"] = rest
+        fields["batch_sampler" if loader._auto_collation else "sampler"] = rest
     vars(proxy).update(fields)   # not setattr: torch refuses to change these after __init__
     return proxy
 
@@ -121,15 +105,15 @@ class Workers:
     def begin(self, loader: Any, batches: Optional[Iterator[Any]]) -> None:
         """An epoch's (or its rest's) index lists, read as torch reads its
         sampler; None: an IterableDataset's epoch, whole, as torch loads it."""
-        if self.proxy is None:
-            rest = None if batches is None else _Rest(not loader._auto_collation, len(loader))
-            self.proxy = _torch_loader(loader, rest, self.iterator_rng)
-        if batches is not None:
-            self.proxy._index_sampler.batches = batches
+        if batches is not None and not loader._auto_collation:
+            batches = (keys[0] for keys in batches)   # batch_size=None: torch's sampler gives indices
         if self.it is None:
+            self.proxy = _torch_loader(loader, batches, self.iterator_rng)
             self.it = _MultiProcessingDataLoaderIter(self.proxy)   # starts the workers, reads ahead
-        else:
-            self.it._reset(self.proxy)   # persistent workers: torch's next epoch on the same ones
+            return
+        if batches is not None:
+            self.it._index_sampler = batches   # what torch's _reset() iterates (at first: the proxy's)
+        self.it._reset(self.proxy)   # persistent workers: torch's next epoch on the same ones
 
     def close(self) -> None:
         """torch's own shutdown (bounded: it joins, then terminates): no process is left."""

@@ -113,7 +113,7 @@ def _plan(index_sampler: Any, single: bool, epoch: int) -> Optional[_Plan]:
     kind = type(sampler)
     if kind is SequentialSampler:
         return _Plan(epoch, len(sampler.data_source), batch_size, drop_last, False, False, None, 0, b"")
-    if kind is not RandomSampler or not hasattr(sampler, "_num_samples"):
+    if kind is not RandomSampler:
         return None
     g = sampler.generator
     if not isinstance(g, torch.Generator) or g.device.type != "cpu":
@@ -149,9 +149,6 @@ class _Permutation:
             return   # torch's last draw is from a generator no one else sees
         yield from ints(torch.randperm(n, generator=generator)[: num_samples % n])
 
-    def __len__(self) -> int:
-        return len(self.sampler)
-
 
 def _lean(sampler: Any) -> Any:
     """``sampler`` (a batch sampler or a sampler), or one giving the same
@@ -159,7 +156,7 @@ def _lean(sampler: Any) -> Any:
     torch's own ``BatchSampler`` and ``RandomSampler`` without replacement
     (not subclasses: they may draw otherwise)."""
     inner = sampler.sampler if type(sampler) is BatchSampler else sampler
-    if type(inner) is not RandomSampler or inner.replacement or not hasattr(inner, "_num_samples"):
+    if type(inner) is not RandomSampler or inner.replacement:
         return sampler
     if inner is sampler:
         return _Permutation(inner)
@@ -227,7 +224,7 @@ class _Batches:
         with contextlib.ExitStack() as drawing:
             if state is not None:
                 for g, saved in zip(self.generators, state["generators"]):
-                    drawing.enter_context(drawing_from(g, decode_generator(saved)))
+                    drawing.enter_context(drawing_from(g, saved))
                 for s, saved in zip(self.stateful, state["samplers"]):
                     s.load_state_dict(copy.deepcopy(saved))
             with self.lock:
@@ -360,13 +357,15 @@ def _generators(index_sampler: Any, generator: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def drawing_from(generator: Any, saved: Any) -> Any:
-    """Draws from ``generator`` set to a resumed state's ``saved`` one. torch's
-    global generator is the user's too: where it was elsewhere than the saved
-    state (the user's own, restored from the same checkpoint or not), it is
-    put back after; where it was there already (a state loaded in the run
-    that saved it), the draws stay drawn, as in an uninterrupted run."""
+def drawing_from(generator: Any, text: str) -> Any:
+    """Draws from ``generator`` set to a resumed state's ``text`` (as
+    ``encode_generator`` wrote it). torch's global generator is the user's
+    too: where it was elsewhere than the saved state (the user's own,
+    restored from the same checkpoint or not), it is put back after; where
+    it was there already (a state loaded in the run that saved it), the
+    draws stay drawn, as in an uninterrupted run."""
     users = generator.get_state() if generator is torch.default_generator else None
+    saved = decode_generator(text).get_state()
     generator.set_state(saved)
     try:
         yield
@@ -387,23 +386,22 @@ def encode_generator(generator: Any) -> str:
 
 
 def decode_generator(text: Any) -> Any:
-    """The state ``encode_generator`` wrote; ValueError for one a generator refuses."""
+    """A new CPU generator in the state ``encode_generator`` wrote (drawing
+    from it draws from a copy); ValueError for one a generator refuses."""
     if not isinstance(text, str):
         raise ValueError(f"a generator state must be text, got {type(text).__name__}")
     state = torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+    generator = torch.Generator()
     try:
-        torch.Generator().set_state(state)
+        generator.set_state(state)
     except RuntimeError as exc:
         raise ValueError(f"torch refuses the generator state: {exc}") from None
-    return state
+    return generator
 
 
-
-class _Raise:
+class _Raise(NamedTuple):
     """The sampler's error, read in place of a batch."""
-
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
+    exc: Exception
 
 
 _END = object()   # the sampler ended: no batch

@@ -70,23 +70,19 @@ def get_worker_info() -> WorkerInfo | None:
 _COLLATE = "torch.utils.data._utils.collate"
 
 
-def _answer_in_threads() -> None:
-    """torch's get_worker_info, under whatever name a loaded module holds it
-    (torch's own modules, and a user's or a library's ``from
-    torch.utils.data import get_worker_info`` run before this import),
-    replaced by the one above, which falls back to it. Modules imported later
-    read it from torch's modules, which hold this one by then.
-
-    Rebinding the names is the one way that works: torch's function returns
-    its module's global ``_worker_info``, one value for the whole process,
-    read by a plain dictionary lookup that no object can make answer per
-    thread (and ``get_worker_info() is None`` cannot be answered by a proxy),
-    while its ``__code__`` is torch's own to keep."""
-    for module, name, _ in module_bindings(_torch_get_worker_info):
-        setattr(module, name, get_worker_info)
-
-
-_answer_in_threads()
+# torch's get_worker_info, under whatever name a loaded module holds it
+# (torch's own modules, and a user's or a library's ``from
+# torch.utils.data import get_worker_info`` run before this import),
+# replaced by the one above, which falls back to it. Modules imported later
+# read it from torch's modules, which hold this one by then.
+#
+# Rebinding the names is the one way that works: torch's function returns
+# its module's global ``_worker_info``, one value for the whole process,
+# read by a plain dictionary lookup that no object can make answer per
+# thread (and ``get_worker_info() is None`` cannot be answered by a proxy),
+# while its ``__code__`` is torch's own to keep.
+for _module, _name, _ in module_bindings(_torch_get_worker_info):
+    setattr(_module, _name, get_worker_info)
 
 
 class _ThreadRNG(_RNG):
@@ -128,18 +124,14 @@ stream_replica = functools.partial(stream_copy, kinds=DATASETS)
 
 
 class InitThread:
-    """A Loader's worker_init: torch's generators for the thread (what makes
-    ``get_worker_info()`` answer there), then the user's
-    ``worker_init_fn(worker_id)``; neither when num_workers=0 (torch loads in
-    its main process then)."""
+    """A Loader's worker_init where num_workers > 0: torch's generators for
+    the thread (what makes ``get_worker_info()`` answer there), then the
+    user's ``worker_init_fn(worker_id)``."""
 
-    def __init__(self, num_workers: int, worker_init_fn: Any) -> None:
-        self.num_workers = num_workers
+    def __init__(self, worker_init_fn: Any) -> None:
         self.worker_init_fn = worker_init_fn
 
     def __call__(self, worker_id: int) -> None:
-        if self.num_workers == 0:
-            return
         own = prefetch_worker_info()
         _local.rng = _ThreadRNG(own.id, own.seed)
         if self.worker_init_fn is not None:

@@ -110,6 +110,29 @@ def test_the_switched_loader_gives_torchs_shuffle_and_seeds(gil_bound, persisten
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_loading_processes_with_batch_size_none_gives_torchs_samples_and_seeds_each_epoch(persistent):
+    """batch_size=None: torch's workers read the epoch's indices one by one,
+    epoch after epoch (persistent ones: the same workers, fed again)."""
+    ds = Counted(24)
+    def made(cls, **kw):
+        return cls(ds, batch_size=None, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(3),
+                   persistent_workers=persistent, **kw)
+    dl = made(DataLoader, loading="processes")
+    mine = [[s.tolist() for s in dl] for _ in range(2)]
+    torchs = made(torch.utils.data.DataLoader)
+    theirs = [[s.tolist() for s in torchs] for _ in range(2)]
+    del torchs   # its persistent workers end with it
+    gc.collect()
+    for a, b in zip(mine, theirs):
+        assert [s[0] for s in a] == [s[0] for s in b] and [s[2] for s in a] == [s[2] for s in b]
+        assert all(s[1] != MAIN for s in a)
+    assert mine[0] != mine[1] and dl.stats().loading == "processes" and dl.stats().consumed == 24
+    dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore::prefetch.GILBoundWarning")
 def test_a_state_taken_in_processes_resumes_with_the_batches_not_handed_out(gil_bound):
     ds = Counted()
