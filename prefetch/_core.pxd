@@ -241,7 +241,7 @@ cdef class _Gauge:
     cdef double last_busy, last_par, last_cpu
     cdef bint last_open            # the last window called for a probe that did not tell
     cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
-    cdef object prober             # and the call that probes them (a meter's probe)
+    cdef object probe              # and what probes them (a meter, or a test's verdict)
     cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
@@ -250,8 +250,9 @@ cdef class _Gauge:
     cdef bint due(self, int64_t now)
     cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
                          tuple at_work) except -1
-    cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      prober, tuple at_work) except -1
+    cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
+                      tuple at_work=*) except -1
+    cdef object _probe(self, probe, tuple at_work)
     cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1
     cdef _make_notice(self, int threads, double par, double wait_share, trial)
     cpdef object take_notice(self)
