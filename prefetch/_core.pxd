@@ -375,7 +375,6 @@ cdef class _StackAssembly(_Assembly):
 
     cdef _settle(self, _StackBatch b, Py_ssize_t row, list nodes, list leaves, list ref, list cols,
                  bint differs, object idx, int wid)
-    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why, int wid)
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid)
 
 
