@@ -423,7 +423,6 @@ cdef class _EpochBatches:
     cdef bint may_open(self)
     cdef Py_ssize_t open_count(self)
     cdef void stop_after(self, _Batch b)
-    cdef bint adoptable(self, token)
     cdef list read_keys(self)
     cdef void add(self, _Batch b)
     cdef _Batch next_complete(self, bint ordered)
@@ -435,7 +434,6 @@ cdef class _EpochBatches:
     cdef void fail(self, exc, Py_ssize_t k)
     cdef void drop(self)
     cdef uint64_t held(self)
-    cdef void end_worker(self, int w)
     cdef int next_worker(self)
     cdef _Batch slot_of(self, int w)
 
@@ -561,8 +559,6 @@ cdef class _MapStage(_ThreadWork):
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows)
     cdef _Batch _stream_row(self, _ThreadContext t, Py_ssize_t *row)
-    cdef _Batch _read_slot(self, _ThreadContext t, _Batch slot)
-    cdef _open_batch(self)
     cdef _sized(self, _Batch b, uint64_t nbytes)
     cdef void _notify(self)
 
@@ -623,7 +619,6 @@ cdef class _Core:
     cdef void _publish(self, object item, uint64_t nbytes, bint is_batch)
     cpdef object take(self, object timeout=*)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
-    cdef _check_usable(self)
     cdef object _closed_while_waiting(self)
     cdef _tear_down(self, double grace, at)
 
