@@ -165,7 +165,8 @@ cdef tuple _classify(type t, bint discover=True):
             if not flags & Py_TPFLAGS_HEAPTYPE or flags & Py_TPFLAGS_IMMUTABLETYPE or c is builtin:
                 solid = c
                 break
-        lay.base = {object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin] if solid is builtin else B_COPY
+        lay.base = ({object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin]
+                    if solid is builtin else B_COPY)
         lay.has_dict = t.__dictoffset__ != 0
         lay.slots = _slot_names(t)
         if lay.slots is None or (builtin is tuple and lay.base == B_COPY):
