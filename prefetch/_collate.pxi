@@ -33,15 +33,9 @@ cdef class _Column:
     """One leaf position of a batch: its block (or list) and what every sample's leaf must be."""
 
 
+# The dtype of a column of builtin numbers (a numpy number's is its own).
 cdef dict _BUILTIN_NUMBER_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int64),
                                     float: np.dtype(np.float64), complex: np.dtype(np.complex128)}
-
-
-cdef object _number_dtype(object leaf):
-    """The dtype of a column of these numbers, or None when ``leaf`` is no number."""
-    if isinstance(leaf, (np.number, np.bool_)):
-        return leaf.dtype
-    return _BUILTIN_NUMBER_DTYPES.get(type(leaf))
 
 
 cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
@@ -58,14 +52,12 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
         leaf = leaves[j]
         col = _Column.__new__(_Column)
         col.leaf_type = type(leaf)
-        arr = None
-        if col.leaf_type is cnp.ndarray:
-            arr = leaf
-        elif isinstance(leaf, cnp.ndarray) and _collate_of(col.leaf_type) is None:
-            arr = _plain_array(leaf, nodes, j)   # np.memmap...: stacked as the array it is
-            col.leaf_type = cnp.ndarray
+        arr = leaf if col.leaf_type is cnp.ndarray else _plain_array(leaf, nodes, j)
+        if arr is not None:
+            col.leaf_type = cnp.ndarray   # np.memmap...: stacked as the array it is
         else:
-            dtype = _number_dtype(leaf)
+            dtype = (leaf.dtype if isinstance(leaf, (np.number, np.bool_))
+                     else _BUILTIN_NUMBER_DTYPES.get(col.leaf_type))
             if dtype is not None:
                 col.kind = C_NUMBER
                 col.dtype = dtype
@@ -126,10 +118,8 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes, Py_ssize
         col = <_Column>cols[j]
         leaf = leaves[j]
         if type(leaf) is not col.leaf_type:
-            if (col.leaf_type is cnp.ndarray and isinstance(leaf, cnp.ndarray)
-                    and _collate_of(type(leaf)) is None):
-                leaf = _plain_array(leaf, nodes, j)
-            else:
+            leaf = _plain_array(leaf, nodes, j) if col.leaf_type is cnp.ndarray else None
+            if leaf is None:
                 bad[0] = j
                 return copied
         if col.kind == C_LIST:
@@ -180,8 +170,11 @@ cdef size_t _fill_row(list cols, list leaves, Py_ssize_t r, list nodes, Py_ssize
 
 
 cdef object _plain_array(object leaf, list nodes, Py_ssize_t j):
-    """An ndarray subclass's leaf (np.memmap, np.matrix...) as a plain ndarray
-    over the same memory. A masked array is refused: its mask would be lost."""
+    """An ndarray subclass's leaf (np.memmap, np.matrix...) with no collate of
+    its own as a plain ndarray over the same memory; None for any other leaf.
+    A masked array is refused: its mask would be lost."""
+    if not isinstance(leaf, cnp.ndarray) or _collate_of(type(leaf)) is not None:
+        return None
     if isinstance(leaf, np.ma.MaskedArray):
         raise TypeError(
             f"the default collate does not stack {article(type(leaf).__name__)} (at {_leaf_path(nodes, j)}): "
@@ -212,7 +205,7 @@ cdef inline bint _node_differs(object na, object nb, bint any_key_order) except 
         return True
     if ka == K_DICT:
         if auxa != auxb:
-            return not any_key_order or not _same_keys(<list>auxa, <list>auxb)
+            return not any_key_order or len(<list>auxa) != len(<list>auxb) or set(auxa) != set(auxb)
     elif ka == K_STATE:
         if (type(auxa[0]) is not type(auxb[0]) or auxa[3] != auxb[3] or auxa[4] != auxb[4]
                 or auxa[5] != auxb[5]):
@@ -224,10 +217,6 @@ cdef inline bint _node_differs(object na, object nb, bint any_key_order) except 
         if auxa[0] is not auxb[0]:
             return True
     return False
-
-
-cdef bint _same_keys(list a, list b):
-    return len(a) == len(b) and set(a) == set(b)
 
 
 # Past this depth a sample is matched by the iterative walk (_flatten): the
@@ -393,25 +382,14 @@ cdef tuple _leaf_desc(object leaf):
     return (t, None, None)
 
 
-cdef tuple _col_desc(_Column col):
-    if col.kind == C_ARRAY or col.kind == C_OBJECT:
-        return (col.leaf_type, col.shape, col.dtype)
-    return (col.leaf_type, None, None)
-
-
 cdef tuple _sample_layout(list nodes, list leaves):
     return (nodes, [_leaf_desc(leaf) for leaf in leaves])
 
 
 cdef tuple _cols_layout(list nodes, list cols):
-    return (nodes, [_col_desc(<_Column>c) for c in cols])
-
-
-cdef str _leaf_message(str path, tuple want, tuple got):
-    if want[0] is not got[0]:
-        return f"{path} is {kind_of(<type>got[0])} where the batch's first sample has {kind_of(<type>want[0])}"
-    return (f"{path} has shape {got[1]} and dtype {got[2]} where the batch's first sample has "
-            f"shape {want[1]} and dtype {want[2]}")
+    """The columns' layout, as _sample_layout's: a number's leaf has no shape nor dtype."""
+    return (nodes, [((<_Column>c).leaf_type, (<_Column>c).shape,
+                     None if (<_Column>c).kind == C_NUMBER else (<_Column>c).dtype) for c in cols])
 
 
 cdef object _layout_differs(tuple want, tuple got):
@@ -425,15 +403,13 @@ cdef object _layout_differs(tuple want, tuple got):
     for j in range(len(wdesc)):
         w = <tuple>wdesc[j]
         g = <tuple>gdesc[idx[j]]
-        if w[0] is not g[0] or w[1] != g[1] or w[2] != g[2]:
-            return _leaf_message(_leaf_path(wnodes, j), w, g)
+        if w[0] is not g[0]:
+            return (f"{_leaf_path(wnodes, j)} is {kind_of(<type>g[0])} where the batch's first sample has "
+                    f"{kind_of(<type>w[0])}")
+        if w[1] != g[1] or w[2] != g[2]:
+            return (f"{_leaf_path(wnodes, j)} has shape {g[1]} and dtype {g[2]} where the batch's first "
+                    f"sample has shape {w[1]} and dtype {w[2]}")
     return None
-
-
-cdef str _node_kind(object node):
-    """A node of a sample's tree as a message names it: "a dict"."""
-    return {K_TUPLE: "a tuple", K_LIST: "a list", K_DICT: "a dict"}.get(
-        (<tuple>node)[0], f"a container of {(<tuple>node)[2]} items")
 
 
 cdef object _none_in(tuple none_side, tuple other, Py_ssize_t other_row):
@@ -446,27 +422,21 @@ cdef object _none_in(tuple none_side, tuple other, Py_ssize_t other_row):
     cdef Py_ssize_t j
     NoneType = type(None)
     where = f"where row {other_row + 1} of the batch has"
-    if len(nn) == 1 and nn[0] is None and (<tuple>nd[0])[0] is NoneType:
-        if on[0] is not None:
-            return f"sample is None, {where} {_node_kind(on[0])}"
-        if (<tuple>od[0])[0] is not NoneType:
-            return f"sample is None, {where} {kind_of((<tuple>od[0])[0])}"
-        return None
-    if _tree_differs(nn, on) >= 0 or len(nd) != len(od):
+    if len(nn) == 1 and nn[0] is None and on[0] is not None and (<tuple>nd[0])[0] is NoneType:
+        kind, _, n = <tuple>on[0]
+        return f"sample is None, {where} " + {K_TUPLE: "a tuple", K_LIST: "a list", K_DICT: "a dict"}.get(
+            kind, f"a container of {n} items")
+    idx = _align(nn, on)
+    if type(idx) is str:
         return None
     for j in range(len(nd)):
-        if (<tuple>nd[j])[0] is NoneType and (<tuple>od[j])[0] is not NoneType:
-            return f"{_leaf_path(nn, j)} is None, {where} {kind_of((<tuple>od[j])[0])}"
+        theirs = (<tuple>od[<Py_ssize_t>idx[j]])[0]
+        if (<tuple>nd[j])[0] is NoneType and theirs is not NoneType:
+            return f"{_leaf_path(nn, j)} is None, {where} {kind_of(theirs)}"
     return None
 
 
 cdef str _leaf_path(list nodes, Py_ssize_t leaf):
     """The path of the ``leaf``-th leaf of a sample (the error path only)."""
-    cdef list paths = _node_paths(nodes, "sample")
-    cdef Py_ssize_t i, seen = 0
-    for i in range(len(nodes)):
-        if nodes[i] is None:
-            if seen == leaf:
-                return paths[i]
-            seen += 1
-    return "sample"
+    cdef list paths = [path for path, node in zip(_node_paths(nodes, "sample"), nodes) if node is None]
+    return paths[leaf] if leaf < len(paths) else "sample"

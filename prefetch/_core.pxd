@@ -241,7 +241,7 @@ cdef class _Gauge:
     cdef double last_busy, last_par, last_cpu
     cdef bint last_open            # the last window called for a probe that did not tell
     cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
-    cdef object prober             # and the call that probes them (a meter's probe)
+    cdef object probe              # and what probes them (a meter, or a test's verdict)
     cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
                                    # makes a stage per epoch carries it over)
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
@@ -250,8 +250,9 @@ cdef class _Gauge:
     cdef bint due(self, int64_t now)
     cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
                          tuple at_work) except -1
-    cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      prober, tuple at_work) except -1
+    cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
+                      tuple at_work=*) except -1
+    cdef object _probe(self, probe, tuple at_work)
     cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1
     cdef _make_notice(self, int threads, double par, double wait_share, trial)
     cpdef object take_notice(self)
@@ -374,7 +375,6 @@ cdef class _StackAssembly(_Assembly):
 
     cdef _settle(self, _StackBatch b, Py_ssize_t row, list nodes, list leaves, list ref, list cols,
                  bint differs, object idx, int wid)
-    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why, int wid)
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid)
 
 
@@ -423,7 +423,6 @@ cdef class _EpochBatches:
     cdef bint may_open(self)
     cdef Py_ssize_t open_count(self)
     cdef void stop_after(self, _Batch b)
-    cdef bint adoptable(self, token)
     cdef list read_keys(self)
     cdef void add(self, _Batch b)
     cdef _Batch next_complete(self, bint ordered)
@@ -435,7 +434,6 @@ cdef class _EpochBatches:
     cdef void fail(self, exc, Py_ssize_t k)
     cdef void drop(self)
     cdef uint64_t held(self)
-    cdef void end_worker(self, int w)
     cdef int next_worker(self)
     cdef _Batch slot_of(self, int w)
 
@@ -561,8 +559,6 @@ cdef class _MapStage(_ThreadWork):
 
     cdef _set_threads(self, int threads, Py_ssize_t batch_rows)
     cdef _Batch _stream_row(self, _ThreadContext t, Py_ssize_t *row)
-    cdef _Batch _read_slot(self, _ThreadContext t, _Batch slot)
-    cdef _open_batch(self)
     cdef _sized(self, _Batch b, uint64_t nbytes)
     cdef void _notify(self)
 
@@ -623,7 +619,6 @@ cdef class _Core:
     cdef void _publish(self, object item, uint64_t nbytes, bint is_batch)
     cpdef object take(self, object timeout=*)
     cdef uint64_t _wait_batch(self, object timeout) except? 0xFFFFFFFFFFFFFFFF
-    cdef _check_usable(self)
     cdef object _closed_while_waiting(self)
     cdef _tear_down(self, double grace, at)
 

@@ -35,7 +35,6 @@ from posix.unistd cimport close as c_close
 from posix.unistd cimport read as c_read
 
 
-
 import dataclasses
 import functools
 import operator
@@ -244,7 +243,10 @@ cdef class _Core:
 
     # -- consumer -----------------------------------------------------------
 
-    cdef _check_usable(self):
+    cpdef object take(self, object timeout=None):
+        """The next batch; StopIteration at the end; the source's error in its place."""
+        cdef uint64_t slot = 0
+        cdef uint64_t nbytes
         if self._epoch != pf_fork_epoch():
             raise RuntimeError(
                 f"{self.kind} {self.name!r} was inherited through os.fork(); its threads "
@@ -253,12 +255,6 @@ cdef class _Core:
             if self._replaced:
                 raise StopIteration   # its epoch ended when a newer one started
             raise ClosedError(f"{self.kind} {self.name!r} is closed")
-
-    cpdef object take(self, object timeout=None):
-        """The next batch; StopIteration at the end; the source's error in its place."""
-        cdef uint64_t slot = 0
-        cdef uint64_t nbytes
-        self._check_usable()
         if self.ended:
             raise StopIteration
         if self._warnings:

@@ -42,10 +42,6 @@ cdef class _EpochBatches:
         """A row of ``b`` failed: no batch after it opens."""
         self.stop_k = min(self.stop_k, b.k + 1)
 
-    cdef bint adoptable(self, token):
-        """It is the epoch ``token`` names, and no thread is reading its keys."""
-        return token is not None and self.keys is not None and not self.reading and token == self.token
-
     cdef list read_keys(self):
         """Its next key list; None at their end (it is exhausted). An error of
         the sampler is raised as it is. A stream's: [the worker whose slot
@@ -113,8 +109,9 @@ cdef class _EpochBatches:
         its worker's ``part`` of the state, and is returned; no keys leave a
         hole, with the stream's ``failure`` (``stop``: no batch after it opens)."""
         cdef _Batch b
-        if ended:
-            self.end_worker(w)
+        if ended:   # no slot of ``w`` opens again; once every worker has, its slots are all open
+            self.ended[w] = True
+            self.exhausted = all(self.ended)
         if not keys:
             slot.failure = failure
             slot.complete = True
@@ -135,13 +132,6 @@ cdef class _EpochBatches:
         """It ends here: nothing more opens, and its open batches are let go."""
         self.keys = None
         self.pending = {}
-
-    cdef void end_worker(self, int w):
-        """A stream's worker ``w`` has ended: no slot of it opens again; once
-        every worker has, the epoch's slots are all open."""
-        self.ended[w] = True
-        if all(self.ended):
-            self.exhausted = True
 
     cdef int next_worker(self):
         """A stream's worker whose slot opens next: in turn over those not
@@ -253,8 +243,9 @@ cdef class _Epochs:
         cdef _EpochBatches e
         self.now.drop()
         e = self.after
-        if e is not None and e.adoptable(order):
-            self.after = None   # opened early: its batches are this epoch's first
+        # Opened early as the epoch ``order`` names, and no thread reading its keys:
+        if e is not None and order is not None and e.keys is not None and not e.reading and order == e.token:
+            self.after = None   # its batches are this epoch's first
         else:
             self.drop_after()
             e = _EpochBatches(self.new_gen(), epoch, order, None)

@@ -28,18 +28,6 @@ cdef _check_ring(int rc, what):
         raise SystemError(f"prefetch: ring error {rc} while {what} (a bug in prefetch)")
 
 
-def _add_note(exc, note):
-    """PEP 678 note: add_note() on 3.11+, the same __notes__ list on 3.10."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:
-        notes = getattr(exc, "__notes__", None)
-        if not isinstance(notes, list):
-            notes = []
-        notes.append(note)
-        exc.__notes__ = notes
-
-
 cdef str _publisher_name(str kind, name):
     """The one name, in notes, of the thread that publishes a prefetcher's or a
     loader's batches: a Prefetcher's is its prefetch worker, a Loader's the loader."""
@@ -57,10 +45,18 @@ cdef object _note_batch(exc, str who, str doing, Py_ssize_t batch, bint in_order
 
 
 cdef object _noted(exc, str note):
-    """``exc`` with ``note`` added; an exception type that refuses notes is
-    still delivered, without it."""
+    """``exc`` with ``note`` added (PEP 678: add_note() on 3.11+, the same
+    __notes__ list on 3.10); an exception type that refuses notes is still
+    delivered, without it."""
     try:
-        _add_note(exc, note)
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:
+            notes = getattr(exc, "__notes__", None)
+            if not isinstance(notes, list):
+                notes = []
+            notes.append(note)
+            exc.__notes__ = notes
     except Exception:
         pass
     return exc

@@ -86,13 +86,13 @@ cdef class _Gauge:
         cpu_s, runq_s, proc_s = meter.read(*threads_now)
         if threads == self.threads and self.t0 != 0 and now - self.t0 >= GAUGE_WINDOW_NS // 5:
             wall = (now - self.t0) / 1e9
-            figures = [(busy_ns - self.busy0) / 1e9 / wall, None, None, None]
+            cpu = runq = others = None
             if cpu_s is not None and self.cpu0 is not None:
-                figures[1] = (cpu_s - self.cpu0) / wall
-                figures[3] = max(0.0, (proc_s - self.proc0) / wall - figures[1])
+                cpu = (cpu_s - self.cpu0) / wall
+                others = max(0.0, (proc_s - self.proc0) / wall - cpu)
                 if runq_s is not None and self.runq0 is not None:
-                    figures[2] = (runq_s - self.runq0) / wall
-            self._window(wall, threads, figures[0], figures[1], figures[2], figures[3], meter.probe, at_work)
+                    runq = (runq_s - self.runq0) / wall
+            self.window(wall, threads, (busy_ns - self.busy0) / 1e9 / wall, cpu, runq, others, meter, at_work)
         elif threads != self.threads:
             self.skip = 0   # the first judged window of a new count is probed
         self.t0 = now
@@ -101,36 +101,29 @@ cdef class _Gauge:
         self.threads = threads
         return 0
 
-    def window(self, double wall, int threads, double busy, cpu, runq, others, probe):
-        """One window's figures (per second of ``wall``; ``cpu``/``runq``/
-        ``others`` None where unknown), judged as after_batch() judges them,
-        with ``probe`` the verdict a probe would give, or a meter whose
-        probe() gives them (tests). True where the window was serialized."""
-        prober = probe.probe if hasattr(probe, "probe") else lambda clocks, tids: probe
-        return self._window(wall, threads, busy, cpu, runq, others, prober, ([None] * 2, [None] * 2))
-
-    cdef bint _window(self, double wall, int threads, double busy, cpu, runq, others,
-                      prober, tuple at_work) except -1:
+    cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
+                      tuple at_work=None) except -1:
+        """One window's figures (per second of ``wall``; ``cpu``/``runq``/``others``
+        None where unknown), judged: True where it was serialized. ``probe``: a meter,
+        whose probe() looks at the threads ``at_work``, or (tests) the verdict it gives."""
         cdef double par = busy
         cdef double limit
         cdef bint serialized = False
         cdef bint judged = judge(threads, busy, cpu, runq, others), decided = False
+        if at_work is None:
+            at_work = ([None] * 2, [None] * 2)
         if judged:
             if self.skip:
                 decided = True
                 self.skip -= 1
                 serialized = self.last_probe
             else:
-                # Two threads at work at least: a probe looks at threads waiting on each other.
-                verdict = prober(*at_work) if len(at_work[0]) >= 2 else None
-                if verdict is not None:   # None: it could not tell (a thread found no CPU for long)
+                verdict = self._probe(probe, at_work)
+                if verdict is not None:
                     decided = True
-                    self.last_probe = verdict
-                    self.probes += 1
-                    self.probes_ser += self.last_probe
+                    self.last_probe = serialized = verdict
                     if self.probes >= PROBES_SURE:
                         self.skip = PROBE_EVERY - 1
-                    serialized = self.last_probe
             if serialized:
                 par = min(busy, max(<double>cpu, 1.0))
         self.wall_s += wall
@@ -141,7 +134,7 @@ cdef class _Gauge:
         self.last_busy, self.last_par = busy, par
         self.last_open = judged and not decided
         self.last_cpu = cpu if judged else 0.0
-        self.at_work, self.prober = at_work, prober
+        self.at_work, self.probe = at_work, probe
         if serialized:
             self.ser_wall_s += wall
             self.ser_busy_s += busy * wall
@@ -157,6 +150,16 @@ cdef class _Gauge:
                 self._make_notice(threads, par, 1.0 - self.ser_par_s / self.ser_busy_s, None)
         return serialized
 
+    cdef object _probe(self, probe, tuple at_work):
+        """``probe``'s verdict on the threads ``at_work``, counted; None where it could not tell."""
+        if len(at_work[0]) < 2:
+            return None   # a probe looks at threads waiting on each other
+        verdict = probe.probe(*at_work) if hasattr(probe, "probe") else probe
+        if verdict is not None:   # None: it could not tell (a thread found no CPU for long)
+            self.probes += 1
+            self.probes_ser += verdict
+        return verdict
+
     cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1:
         """workers="auto" tried ``tried`` threads and goes back to ``kept``: ``speedup`` is the measured rate over the
         rate before. True when the threads took turns on the GIL in that trial:
@@ -167,14 +170,9 @@ cdef class _Gauge:
         else the next trial, 50 windows on, would be the first to tell."""
         if self.last_threads != tried:
             return False
-        if self.last_open and len(self.at_work[0]) >= 2:
-            verdict = self.prober(*self.at_work)
-            if verdict is not None:
-                self.probes += 1
-                self.probes_ser += verdict
-                if verdict:
-                    self.last_serialized = True
-                    self.last_par = min(self.last_busy, max(self.last_cpu, 1.0))
+        if self.last_open and self._probe(self.probe, self.at_work):
+            self.last_serialized = True
+            self.last_par = min(self.last_busy, max(self.last_cpu, 1.0))
         if not self.last_serialized:
             return False
         self._make_notice(tried, self.last_par, 1.0 - self.last_par / self.last_busy, (kept, speedup))

@@ -171,7 +171,7 @@ cdef class _MapStage(_ThreadWork):
         cdef _Batch b
         cdef int64_t t0, ready
         cdef _Epochs epochs = self.epochs
-        cdef bint stream = self.hooks.stream
+        cdef bint stream = self.hooks.stream, opened = False
         while True:
             if self.closed:
                 return None
@@ -184,7 +184,10 @@ cdef class _MapStage(_ThreadWork):
             if b is not None:
                 return b
             if epochs.to_open() is not None:
-                self._open_batch()
+                with self._lock:   # one thread reads the sampler at a time
+                    opened = epochs.open_next(self.asm, self.name)
+                if not opened or stream:   # the end, an error (this frame holding it no more),
+                    self.wake()            # a stream's slot: its worker may wait
                 continue
             t0 = pf_now_ns()
             ready = 0
@@ -195,44 +198,36 @@ cdef class _MapStage(_ThreadWork):
             self.idle_ns += pf_now_ns() - t0 - ready
 
     cdef _Batch _stream_row(self, _ThreadContext t, Py_ssize_t *row):
-        """A stream's: the next row of the batch this thread's worker read last, else of
-        the one it reads into its next slot; None where it has none (or left a hole)."""
-        cdef _Batch b = t.filling
+        """A stream's: the next row of the batch this thread's worker read last, else of the
+        one it reads into its next slot, whose place that batch takes (no rows, its stream
+        ended, leave a hole; the stream's error is the slot's, and its end); None where it
+        has none (or left a hole)."""
+        cdef _Batch b = t.filling, slot
+        cdef _EpochBatches e = self.epochs.now
+        cdef int64_t t0
         if b is None or t.filling_row >= b.n or self.epochs.epoch_of(b) is None:
-            slot = self.epochs.now.slot_of(t.wid)
-            b = t.filling = None if slot is None else self._read_slot(t, slot)
-            t.filling_row = 0
+            t.filling, t.filling_row = None, 0
+            slot = e.slot_of(t.wid)
+            if slot is None:
+                return None
+            keys, ended, failure = None, True, None
+            if not e.ended[t.wid]:
+                t0 = pf_now_ns()
+                t.busy(f"the stream's batch {slot.k + 1}", t0)
+                keys, ended, failure = t.read_stream(e.epoch, len(e.ended), self.seed, self.name)
+                t.busy(None, 0)
+                self.crew.load_ns += pf_now_ns() - t0
+            with self._cv:
+                if self.epochs.epoch_of(slot) is not e:
+                    return None   # dropped meanwhile
+                b = t.filling = e.slot_read(self.asm, slot, t.wid, keys, ended, t.reader.state, failure,
+                                            not self.hooks.go_on)
+                self._notify()
             if b is None:
                 return None
         row[0] = t.filling_row
         t.filling_row += 1
         return b
-
-    cdef _Batch _read_slot(self, _ThreadContext t, _Batch slot):
-        """Worker ``t`` reads ``slot``'s samples from its stream: their batch takes its place;
-        none (its stream ended) leave a hole; the stream's error is the slot's and its end."""
-        cdef _EpochBatches e = self.epochs.now
-        cdef _Batch b = None
-        cdef int64_t t0 = pf_now_ns()
-        keys, ended, failure = None, True, None
-        if not e.ended[t.wid]:
-            t.busy(f"the stream's batch {slot.k + 1}", t0)
-            keys, ended, failure = t.read_stream(e.epoch, len(e.ended), self.seed, self.name)
-            t.busy(None, 0)
-            self.crew.load_ns += pf_now_ns() - t0
-        with self._cv:
-            if self.epochs.epoch_of(slot) is not e:
-                return None   # dropped meanwhile
-            b = e.slot_read(self.asm, slot, t.wid, keys, ended, t.reader.state, failure, not self.hooks.go_on)
-            self._notify()
-        return b
-
-    cdef _open_batch(self):
-        cdef bint opened = False
-        with self._lock:   # one thread reads the sampler at a time
-            opened = self.epochs.open_next(self.asm, self.name)
-        if not opened or self.hooks.stream:   # the end, an error (this frame holding it no
-            self.wake()                       # more), a stream's slot: its worker may wait
 
     cdef object key_of(self, _Batch b, Py_ssize_t row, _ThreadContext t):
         cdef _EpochBatches e = self.epochs.epoch_of(b)

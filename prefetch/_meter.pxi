@@ -37,7 +37,17 @@ class _Meter:
         (None without per-thread clocks), their seconds runnable but waiting
         for a CPU (None where /proc cannot tell), the process's CPU seconds.
         A thread that ended counts no more (its figures are no longer read)."""
-        return _threads_cpu_s(clocks), _threads_runq_s(tids), time.process_time()
+        cdef int64_t runq = 0, one
+        # The clock of a thread that has ended (worker_init failed) reads -1: none.
+        cpu_s = (sum(max(_clock_ns(<clockid_t>c), 0) for c in clocks if c is not None) / 1e9
+                 if _THREAD_CLOCKS else None)
+        for tid in tids:
+            if tid is not None:
+                one = _runq_ns(<int>tid)
+                if one == -2:   # no schedstat here: the gauge cannot tell CPU waits from GIL waits
+                    return cpu_s, None, time.process_time()
+                runq += max(one, 0)
+        return cpu_s, runq / 1e9, time.process_time()
 
     def probe(self, clocks, tids):
         """True when the loader threads wait for the GIL, False when they do
@@ -47,25 +57,6 @@ class _Meter:
 
 
 _METER = _Meter()
-
-
-cdef object _threads_cpu_s(clocks):
-    if not _THREAD_CLOCKS:
-        return None
-    # The clock of a thread that has ended (worker_init failed) reads -1: none.
-    return sum(max(_clock_ns(<clockid_t>c), 0) for c in clocks if c is not None) / 1e9
-
-
-cdef object _threads_runq_s(tids):
-    cdef int64_t total = 0, one
-    for tid in tids:
-        if tid is not None:
-            one = _runq_ns(<int>tid)
-            if one == -2:
-                return None   # no schedstat here: the gauge cannot tell CPU waits from GIL waits
-            if one >= 0:
-                total += one
-    return total / 1e9
 
 
 cdef int64_t _runq_ns(int tid) noexcept:
@@ -138,8 +129,11 @@ cdef int _waiting_for_the_gil(clocks, tids) except -2:
         return 0
     until = pf_now_ns() + <int64_t>(GIL_HOLD_MAX_US - GIL_HOLD_US) * 1000
     while True:   # still holding it: plain C reads, the GIL is kept
-        if not _any_runnable(tidv, n):
-            break
+        for i in range(n):
+            if _runnable(tidv[i]):
+                break
+        else:
+            break   # none of them is runnable
         if _ran(ids, start, n, 500):
             return 0
         if pf_now_ns() >= until:
@@ -182,14 +176,6 @@ cdef int _one_at_a_time(clockid_t *ids, int *tidv, int n) noexcept nogil:
             return 1
         if pf_now_ns() >= until:
             return -1
-
-
-cdef bint _any_runnable(int *tidv, int n) noexcept nogil:
-    cdef int i
-    for i in range(n):
-        if _runnable(tidv[i]):
-            return True
-    return False
 
 
 cdef bint _runnable(int tid) noexcept nogil:

@@ -79,13 +79,16 @@ cdef class _StackAssembly(_Assembly):
         if bad == BAD_NONE:
             self.bytes_collated += _fill_row(cols, leaves, row, ref, &bad)
         if b.layout_row == 0 or b.row0 == R0_AGREES:
-            # Row 0 made the columns, or fits them: a sample that does not differs from row 0.
-            if bad == BAD_STRUCTURE:
-                self._differs_from_row0(b, row, _sample_layout(nodes, mine), ref, cols, idx, t.wid)
-            elif bad != BAD_NONE:
-                self._differs_from_row0(b, row, _sample_layout(ref, leaves), ref, cols,
-                                        _leaf_message(_leaf_path(ref, bad), _col_desc(<_Column>cols[bad]),
-                                                      _leaf_desc(leaves[bad])), t.wid)
+            # Row 0 made the columns, or fits them: a sample that does not differs from row 0,
+            # and that is its row's error; but where row 0 holds None in place of its value,
+            # the batch fails naming row 0's sample, the one dataset[i] returned None for.
+            if bad != BAD_NONE:
+                theirs = _sample_layout(nodes, mine)
+                want = _cols_layout(ref, cols)
+                none = _none_in(want, theirs, row)
+                if none is None:
+                    raise ValueError(_layout_differs(want, theirs))
+                self._blame(b, 0, none, t.wid)
             return layout_bytes
         self._settle(b, row, nodes, mine, ref, cols, bad != BAD_NONE, idx, t.wid)
         return layout_bytes
@@ -172,16 +175,6 @@ cdef class _StackAssembly(_Assembly):
         elif b.row0 == R0_DIFFERS:
             raise ValueError(_layout_differs(b.row0_layout, _cols_layout(ref, cols))
                              or "the sample differs from the batch's first sample")
-
-    cdef _differs_from_row0(self, _StackBatch b, Py_ssize_t row, tuple mine, list ref, list cols, str why, int wid):
-        """Row ``row``'s sample, laid out as ``mine``, does not fit the columns
-        that row 0 laid out: ValueError ``why``, that row's error; but where
-        row 0 holds None in place of this sample's value, the batch fails
-        naming row 0's sample, the one dataset[i] returned None for."""
-        none = _none_in(_cols_layout(ref, cols), mine, row)
-        if none is None:
-            raise ValueError(why)
-        self._blame(b, 0, none, wid)
 
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid):
         """Fails ``b`` with a ValueError naming ``row``'s sample (found by thread ``wid``)."""

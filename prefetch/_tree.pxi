@@ -111,28 +111,6 @@ def _kinds_size():
     return len(_kinds)
 
 
-cdef bint _is_python_class(type t):
-    # A class statement makes a mutable heap type. C types are static or, since
-    # 3.12 for many stdlib ones (defaultdict, deque), immutable heap types.
-    cdef unsigned long flags = PyType_GetFlags(<PyTypeObject *>t)
-    return flags & Py_TPFLAGS_HEAPTYPE and not flags & Py_TPFLAGS_IMMUTABLETYPE
-
-
-cdef object _layout(type t, type builtin):
-    """The _Layout of ``t`` (a subclass of ``builtin``), or None when its state
-    cannot be reached faithfully by name (a slot shadowed by a subclass)."""
-    cdef _Layout lay = _Layout.__new__(_Layout)
-    solid = object
-    for c in t.__mro__:             # the first C type: the instances' memory layout
-        if not _is_python_class(c) or c is builtin:
-            solid = c
-            break
-    lay.base = {object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin] if solid is builtin else B_COPY
-    lay.has_dict = t.__dictoffset__ != 0
-    lay.slots = _slot_names(t)
-    return None if lay.slots is None else lay
-
-
 cdef tuple _slot_names(type t):
     """The __slots__ entries of ``t``'s instances (mangled names, base first), or
     None when one cannot be reached by name (shadowed by a subclass attribute)."""
@@ -155,6 +133,8 @@ cdef tuple _slot_names(type t):
 
 
 cdef tuple _classify(type t, bint discover=True):
+    cdef _Layout lay
+    cdef unsigned long flags
     for base in t.__mro__:          # the most specific registration wins
         handler = _leaf_types.get(base)
         if handler is not None:
@@ -176,12 +156,25 @@ cdef tuple _classify(type t, bint discover=True):
     elif dataclasses.is_dataclass(t):
         builtin = object
     if builtin is not None:
-        layout = _layout(t, builtin)
-        if layout is None or (builtin is tuple and (<_Layout>layout).base == B_COPY):
-            # A C tuple subclass may keep state we cannot see (a shape
-            # type): pass it through rather than rebuild it wrongly.
+        lay = _Layout.__new__(_Layout)
+        solid = object
+        for c in t.__mro__:   # the first C type: the instances' memory layout
+            # A class statement makes a mutable heap type. C types are static or, since
+            # 3.12 for many stdlib ones (defaultdict, deque), immutable heap types.
+            flags = PyType_GetFlags(<PyTypeObject *>c)
+            if not flags & Py_TPFLAGS_HEAPTYPE or flags & Py_TPFLAGS_IMMUTABLETYPE or c is builtin:
+                solid = c
+                break
+        lay.base = ({object: B_OBJECT, tuple: B_TUPLE, list: B_LIST, dict: B_DICT}[builtin]
+                    if solid is builtin else B_COPY)
+        lay.has_dict = t.__dictoffset__ != 0
+        lay.slots = _slot_names(t)
+        if lay.slots is None or (builtin is tuple and lay.base == B_COPY):
+            # A slot shadowed by a subclass: its state cannot be reached faithfully by
+            # name. A C tuple subclass may keep state we cannot see (a shape type).
+            # Either is passed through rather than rebuilt wrongly.
             return (K_PASS, None)
-        return (K_STATE, layout)
+        return (K_STATE, lay)
     if discover and _discover is not None and _discover(t):
         return _classify(t, False)   # the adapter registered its types on import
     return (K_PASS, None)
