@@ -10,6 +10,8 @@ shared, not duplicated. Datasets inside it (instances of the framework's
 dataset classes: a subset's dataset, the datasets a concatenation
 holds, a wrapper's attribute, in a list, tuple or dict) are copied
 the same way, so a handle opened lazily by an inner dataset is per worker too.
+What a drop-in names besides (a framework's file reader, which threads cannot
+share, and whatever holds one) is copied by the same walk, wherever it sits.
 
 A dataset that cannot be copied (its ``__reduce_ex__`` or ``__getattr__``
 raises on a bare copy) is shared by the workers, as one is with a single
@@ -18,28 +20,46 @@ main-process worker.
 from __future__ import annotations
 
 import copy
-import itertools
-from typing import Any
+from typing import Any, Callable, Mapping, Optional
+
+Along = Mapping[int, Optional[Callable[[Any], Any]]]
 
 
-def replica(dataset: Any, kinds: tuple[type, ...]) -> Any:
+def replica(dataset: Any, kinds: tuple[type, ...], along: Optional[Along] = None) -> Any:
     """A worker's copy of ``dataset``, with every instance of ``kinds`` (the
     framework's dataset classes) in it copied; the dataset itself if it
-    cannot be copied."""
+    cannot be copied.
+
+    ``along`` names more objects in it to copy, whatever they are (a user's
+    own wrapper, a container of any size), by id: each with the function
+    that copies it (a framework's file reader, which no two threads may
+    share: a reader with a handle of its own), or None (what holds one:
+    copied as a dataset is). Those are copied even where a dataset cannot be
+    (the datasets are shared then), and an error in copying them is the
+    caller's."""
+    along = along or {}
     try:
-        return _copy(dataset, kinds, {})
+        return _copy(dataset, kinds, along, {})
     except Exception:
-        return dataset
+        if not along:
+            return dataset
+    return _copy(dataset, (), along, {})
 
 
-def _copy(obj: Any, kinds: tuple[type, ...], memo: dict[int, Any]) -> Any:
-    """``obj`` with each dataset in it shallow-copied, once each (``memo``
-    keeps a dataset reached twice one copy); other objects are kept as they
-    are, and containers are rebuilt only around a copy."""
+def _copy(obj: Any, kinds: tuple[type, ...], along: Along, memo: dict[int, Any]) -> Any:
+    """``obj`` with each object to copy in it copied, once each (``memo``
+    keeps one reached twice one copy); other objects are kept as they are,
+    and containers are rebuilt only around a copy."""
     found = memo.get(id(obj))
     if found is not None:
         return found
-    if isinstance(obj, kinds):
+    named = id(obj) in along
+    copier = along.get(id(obj))
+    if copier is not None:
+        new = memo[id(obj)] = copier(obj)
+        return new
+    container = isinstance(obj, (list, tuple, dict))
+    if isinstance(obj, kinds) or (named and not container):
         new = copy.copy(obj)
         memo[id(obj)] = new
         if new is obj:   # its __copy__ says it is shared
@@ -47,26 +67,33 @@ def _copy(obj: Any, kinds: tuple[type, ...], memo: dict[int, Any]) -> Any:
         fields = getattr(new, "__dict__", None)
         if fields is not None:
             for name, value in list(fields.items()):
-                fields[name] = _copy(value, kinds, memo)
+                fields[name] = _copy(value, kinds, along, memo)
         return new
-    kind = type(obj)
-    if (kind is list or kind is tuple) and _searched(len(obj), obj[:1], kinds):
-        items = [_copy(v, kinds, memo) for v in obj]
-        if any(a is not b for a, b in zip(items, obj)):
-            return kind(items)
-    elif kind is dict and _searched(len(obj), list(itertools.islice(obj.values(), 1)), kinds):
-        values = {k: _copy(v, kinds, memo) for k, v in obj.items()}
-        if any(values[k] is not v for k, v in obj.items()):
-            return values
-    return obj
+    if not container or not (named or (type(obj) in (list, tuple, dict) and _searched(obj, kinds))):
+        return obj
+    memo[id(obj)] = obj   # a cycle back to it keeps the original
+    pairs = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    copies = {key: new for key, value in pairs if (new := _copy(value, kinds, along, memo)) is not value}
+    if not copies:
+        return obj
+    if isinstance(obj, tuple):   # of its own type (a namedtuple's own)
+        items = [copies.get(i, value) for i, value in enumerate(obj)]
+        own = obj._make(items) if hasattr(obj, "_make") else type(obj)(items)
+    else:
+        own = copy.copy(obj)
+        for key, new in copies.items():
+            own[key] = new
+    memo[id(obj)] = own
+    return own
 
 
 _SEARCHED = 256   # items of a container searched whatever they are
 
 
-def _searched(n: int, first: list[Any], kinds: tuple[type, ...]) -> bool:
-    """A container of ``n`` items starting with ``first`` (a list of at most
-    one) is searched when short, or when its first item is a dataset (a
+def _searched(obj: Any, kinds: tuple[type, ...]) -> bool:
+    """A plain list, tuple or dict ``along`` does not name is searched for
+    datasets when short, or when its first item is a dataset (a
     ConcatDataset of many); not a long one of anything else (a Subset's
     million indices)."""
-    return n <= _SEARCHED or isinstance(first[0], kinds)
+    first = next(iter(obj.values() if type(obj) is dict else obj), None)
+    return bool(kinds) and (len(obj) <= _SEARCHED or isinstance(first, kinds))

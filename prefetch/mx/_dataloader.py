@@ -13,7 +13,6 @@ everything else on the consumer's thread, and a dropped pass's ``finally``
 wherever its generator is collected.
 """
 import base64
-import copy
 import dataclasses
 import functools
 import gc
@@ -94,20 +93,21 @@ def _held(obj):
 
 
 def _reader_paths(root):
-    """The ids of the objects reachable from ``root`` (through lists, tuples,
-    dicts and attributes) that are RecordIO readers or hold one: the path
-    each loader thread copies to a reader of its own. Empty: none.
+    """The objects reachable from ``root`` (through lists, tuples, dicts and
+    attributes) that are RecordIO readers or hold one: the path each loader
+    thread copies to a reader of its own, as ``replica``'s ``along`` (by id,
+    a reader with ``_fresh_reader``, a holder with None). Empty: none.
 
     It looks a level at a time through ``gc.get_referents`` (0.2 s for a
     million (path, label) tuples on a 2-core machine, where a walk of one
     object at a time takes 1.4 s); only where it met a reader does it go
     back over the levels for what holds one."""
-    levels, paths, seen = [], set(), {id(root)}
+    levels, paths, seen = [], {}, {id(root)}
     level = [root]
     while level:
         levels.append(level)   # keeps every id seen valid
         # A writer stays shared: reopening it truncates the file.
-        paths.update(id(obj) for obj in level if isinstance(obj, _Reader) and obj.flag == "r")
+        paths.update((id(obj), _fresh_reader) for obj in level if isinstance(obj, _Reader) and obj.flag == "r")
         level = []
         for obj in gc.get_referents(*filter(None, map(_held, levels[-1]))):
             kind = type(obj)
@@ -122,9 +122,9 @@ def _reader_paths(root):
         for obj in itertools.chain.from_iterable(reversed(levels)):
             held = _held(obj)
             if held is not None and id(obj) not in paths and any(id(x) in paths for x in gc.get_referents(held)):
-                paths.add(id(obj))
+                paths[id(obj)] = None
                 grew = True
-    return frozenset(paths)
+    return paths
 
 
 def _fresh_reader(reader):
@@ -138,47 +138,15 @@ def _fresh_reader(reader):
     return own
 
 
-def _copy_along(obj, paths, memo):
-    """``obj`` with each reader on ``paths`` below it replaced by a fresh one:
-    the containers and objects on the way are shallow copies, the rest shared."""
-    k = id(obj)
-    if k not in paths:
-        return obj
-    if k in memo:
-        return memo[k]
-    if isinstance(obj, _Reader):   # a reader on a path reads
-        memo[k] = _fresh_reader(obj)
-        return memo[k]
-    memo[k] = obj   # a cycle back to it keeps the original
-    if isinstance(obj, list):
-        own = copy.copy(obj)
-        own[:] = [_copy_along(x, paths, memo) for x in obj]
-    elif isinstance(obj, tuple):
-        items = [_copy_along(x, paths, memo) for x in obj]
-        own = obj._make(items) if hasattr(obj, "_make") else type(obj)(items)   # a namedtuple's own
-    elif isinstance(obj, dict):
-        own = copy.copy(obj)
-        for key, value in obj.items():
-            if id(value) in paths:
-                own[key] = _copy_along(value, paths, memo)
-    else:
-        own = copy.copy(obj)
-        own.__dict__.update({name: _copy_along(value, paths, memo)
-                             for name, value in vars(obj).items() if id(value) in paths})
-    memo[k] = own
-    return own
-
-
-def _own_copy(paths, copies, dataset, worker_id):
-    """A loader thread's dataset (the Loader's per-thread hook, with ``paths``
-    and ``copies`` bound): a copy of its own, as each of Gluon's worker
+def _own_copy(kinds, paths, dataset, worker_id):
+    """A loader thread's dataset (the Loader's per-thread hook, with ``kinds``
+    and ``paths`` bound): a copy of its own, as each of Gluon's worker
     processes holds. It holds readers of its own, wherever they sit in it
     (``paths``; a reader's seek-then-read is not atomic, so threads cannot
-    share one), and with ``copies``, a shallow copy of each Gluon dataset in
+    share one), and with ``kinds``, a shallow copy of each Gluon dataset in
     it (what ``__getitem__`` sets on it, a file opened on first use, is the
     thread's)."""
-    own = _copy_along(dataset, paths, {}) if paths else dataset
-    return replica(own, (_gluon_data.Dataset,)) if copies else own
+    return replica(dataset, kinds, paths)
 
 
 # -- the batch sampler, its order and its state ----------------------------------
@@ -306,8 +274,8 @@ class DataLoader(_gluon_data.DataLoader):
         self._on_host = self._batchify_fn is _default_batchify_fn and not pin_memory
         paths = _reader_paths(dataset)
         # num_workers=0: Gluon loads from the dataset itself (its readers are still the thread's)
-        copies = self._num_workers > 0
-        self._per_thread = functools.partial(_own_copy, paths, copies) if paths or copies else None
+        kinds = (_gluon_data.Dataset,) if self._num_workers > 0 else ()
+        self._per_thread = functools.partial(_own_copy, kinds, paths) if paths or kinds else None
         # Each pass (each iteration, as in Gluon) runs on a Loader of its own;
         # one whose pass ended or was dropped serves the next pass.
         self._lock = threading.Lock()

@@ -1,0 +1,121 @@
+"""A worker's copy of the dataset (prefetch/_replica.py, through the seam the
+drop-ins use): besides the framework's datasets, the objects a drop-in names
+(``along``: a file reader no two threads may share, and what holds one) are
+copied by the same walk, wherever they sit, and the user's objects are left
+as they are."""
+import collections
+
+import pytest
+
+from prefetch._framework import replica
+
+
+class Dataset:
+    """A framework's dataset class."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+class Wrapper:
+    """A user's own object (no dataset) holding what it is given."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+class Reader:
+    """A file reader with a position: each thread needs one of its own."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def fresh(self):
+        return Reader(self.name + "'")
+
+
+class Refused(Dataset):
+    """A dataset that cannot be copied: its __getattr__ recurses on a bare copy."""
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+Pair = collections.namedtuple("Pair", "reader label")
+
+
+class Records(list):
+    pass
+
+
+class Files(dict):
+    pass
+
+
+def along(root):
+    """``replica``'s along for ``root``: each Reader with its fresh(), each holder of one with None."""
+    found, seen = {}, set()
+
+    def search(obj):
+        if id(obj) in seen:
+            return id(obj) in found
+        seen.add(id(obj))
+        if isinstance(obj, Reader):
+            found[id(obj)] = Reader.fresh
+            return True
+        items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) \
+            else vars(obj).values() if isinstance(obj, (Dataset, Wrapper)) else ()
+        if any([search(item) for item in items]):
+            found[id(obj)] = None
+            return True
+        return False
+
+    search(root)
+    return found
+
+
+def test_the_objects_along_names_are_copied_wherever_they_sit():
+    labels = list(range(1000))
+    root = Wrapper(pair=Pair(Reader("a"), 1), records=Records([Reader("b"), 2]), files=Files(c=Reader("c"), n=[3]),
+                   long=[(i,) for i in range(1000)] + [Reader("d")], inner=Dataset(e=Reader("e")), labels=labels)
+    own = replica(root, (Dataset,), along(root))
+    assert type(own.pair) is Pair and own.pair.reader.name == "a'" and own.pair.label == 1
+    assert type(own.records) is Records and own.records[0].name == "b'"
+    assert type(own.files) is Files and own.files["c"].name == "c'" and own.files["n"] is root.files["n"]
+    assert own.long[-1].name == "d'" and own.long[0] is root.long[0]
+    assert own.inner is not root.inner and own.inner.e.name == "e'"
+    assert own.labels is labels   # what holds no reader is shared
+    # the user's objects are as they were
+    assert [root.pair.reader.name, root.records[0].name, root.files["c"].name, root.long[-1].name] == list("abcd")
+
+
+def test_a_reader_reached_twice_is_one_copy_and_a_cycle_leads_to_the_copy():
+    reader = Reader("a")
+    root = Wrapper(first=reader, again=[reader, (reader,)])
+    root.me = root
+    own = replica(root, (), along(root))
+    assert own.first.name == "a'" and own.again[0] is own.first and own.again[1][0] is own.first
+    assert own.me is own
+
+
+def test_a_dataset_that_cannot_be_copied_is_shared_and_the_readers_are_still_copied():
+    refused = Refused(inner=Dataset(x=1))
+    root = Wrapper(reader=Reader("a"), data=refused)
+    own = replica(root, (Dataset,), along(root))
+    assert own.data is refused and own.reader.name == "a'"
+    assert replica(refused, (Dataset,)) is refused   # nothing named: shared whole
+
+
+def test_a_dataset_that_cannot_be_copied_on_the_way_to_a_reader_is_the_callers_error():
+    root = Wrapper(data=Refused(inner=Dataset(), reader=Reader("a")))
+    with pytest.raises(RecursionError):
+        replica(root, (Dataset,), along(root))
+
+
+def test_an_error_copying_a_named_object_is_the_callers():
+    def broken(reader):
+        raise OSError("cannot reopen " + reader.name)
+
+    root = Wrapper(reader=Reader("a"))
+    with pytest.raises(OSError, match="cannot reopen a"):
+        replica(root, (Dataset,), {id(root): None, id(root.reader): broken})
