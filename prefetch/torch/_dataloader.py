@@ -54,6 +54,7 @@ from prefetch.torch._sampler import (
     _Batches,
     _generators,
     decode_generator,
+    draw_seed,
     drawing_from,
     encode_generator,
     sampler_part,
@@ -244,7 +245,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         where the generator is (read through a copy: nothing is drawn)."""
         generator = _generator(self)
         draw = generator.clone_state()
-        seed = _base_seed(draw)
+        seed = draw_seed(draw)
         sampler = streams = length = None
         if isinstance(self.dataset, IterableDataset):
             # New workers copy the dataset as it is now: its own state with it
@@ -291,7 +292,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             order=_order(self), seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
             framework=TORCH_LOADER, workers=max(self.num_workers, 1) if iterable else None, owner="DataLoader")
         try:
-            if _base_seed(decode_generator(resume.framework["iterator_rng"])) != seed:
+            if draw_seed(decode_generator(resume.framework["iterator_rng"])) != seed:
                 raise ValueError("its seed is not the one its iterator_rng draws")
             if not iterable:
                 _check_sampler_part(resume.sampler, self)
@@ -415,11 +416,6 @@ def _generator(loader: Any) -> Any:
     return loader.generator if loader.generator is not None else torch.default_generator
 
 
-def _base_seed(generator: Any) -> int:
-    """torch's draw of an iterator's base seed (None: the global generator)."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
 def _stateful_samplers(loader: Any) -> list[Any]:
     """The user's samplers with their own state (torchdata's ``Stateful``):
     saved as an epoch begins, restored before a resumed epoch reads them.
@@ -480,7 +476,7 @@ class _ThreadIter:
         saved = None if resume is None else resume["framework"]["iterator_rng"]
         with contextlib.nullcontext() if saved is None else drawing_from(generator, saved):
             framework = _torch_part(generator)
-            base_seed = _base_seed(loader.generator)
+            base_seed = draw_seed(loader.generator)
         self._batches: _Batches | None = None
         self._choice: Choice = loader._choice
         self._loader = weakref.ref(loader)   # read at a hand-over to torch's processes; not kept alive

@@ -53,16 +53,13 @@ class _Plan(NamedTuple):
     shuffle: bool
     replacement: bool
     num_samples: Optional[int]
-    generator: int             # id() of the sampler's generator (0: none)
-    state: bytes               # the generator's state as the epoch begins (b"": none)
+    state: str                 # the generator's state as the epoch begins, encode_generator's text ("": none)
 
     def sampler(self) -> Any:
         if not self.shuffle:
             return SequentialSampler(range(self.n))
-        g = torch.Generator()
-        g.set_state(torch.frombuffer(bytearray(self.state), dtype=torch.uint8))
         return RandomSampler(range(self.n), replacement=self.replacement, num_samples=self.num_samples,
-                             generator=g)
+                             generator=decode_generator(self.state))
 
     def batches(self) -> Any:
         """The epoch's index lists, as torch's sampler gives them."""
@@ -80,13 +77,13 @@ class _Plan(NamedTuple):
             return self._replace(epoch=self.epoch + 1)
         sampler = self.sampler()
         g = sampler.generator
-        if self.replacement or self.n == 0:
+        if self.replacement:
             for _ in sampler:
                 pass
         else:
             for _ in range(sampler.num_samples // self.n + 1):
                 torch.randperm(self.n, generator=g)
-        return self._replace(epoch=self.epoch + 1, state=bytes(g.get_state().numpy()))
+        return self._replace(epoch=self.epoch + 1, state=encode_generator(g))
 
 
 class _Early(NamedTuple):
@@ -112,14 +109,14 @@ def _plan(index_sampler: Any, single: bool, epoch: int) -> Optional[_Plan]:
         return None
     kind = type(sampler)
     if kind is SequentialSampler:
-        return _Plan(epoch, len(sampler.data_source), batch_size, drop_last, False, False, None, 0, b"")
+        return _Plan(epoch, len(sampler.data_source), batch_size, drop_last, False, False, None, "")
     if kind is not RandomSampler:
         return None
     g = sampler.generator
     if not isinstance(g, torch.Generator) or g.device.type != "cpu":
         return None
     return _Plan(epoch, len(sampler.data_source), batch_size, drop_last, True, bool(sampler.replacement),
-                 sampler._num_samples, id(g), bytes(g.get_state().numpy()))
+                 sampler._num_samples, encode_generator(g))
 
 
 class _Permutation:
@@ -136,12 +133,7 @@ class _Permutation:
         s = self.sampler
         n = len(s.data_source)
         own = s.generator is None
-        if own:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
-            generator = torch.Generator()
-            generator.manual_seed(seed)
-        else:
-            generator = s.generator
+        generator = torch.Generator().manual_seed(draw_seed()) if own else s.generator
         num_samples = s.num_samples
         for _ in range(num_samples // n):
             yield from ints(torch.randperm(n, generator=generator))
@@ -196,7 +188,7 @@ class _Batches:
         self.number = 0               # the Loader's number for the next epoch
         self.choice = choice          # its DataLoader's: where the epochs that begin load (_processes.py)
         self.adopted: Optional[_Early] = None   # the epoch begun, where it is the one opened early
-        self.cut: Optional[Cut] = None   # what the threads take of the epoch begun
+        self.cut: Cut   # what the threads take of the epoch begun (set as it begins, before any cut)
         # torch makes an iterator of the sampler when its DataLoader iterator is
         # made, and again as the first epoch begins (a sampler that draws in
         # __iter__ draws twice): so does this.
@@ -256,8 +248,6 @@ class _Batches:
         cut = self.cut
         if self._next is not None:
             self._next.cut.rest()
-        if cut is None:
-            return None
         if self.adopted is not None and not cut.taken:
             # The Loader's keys are those opened early: a batch was handed out
             # before this cut, which a Loader that read ``cut`` took from it.
@@ -378,6 +368,12 @@ def sampler_part(generators: list[Any], stateful: list[Any]) -> dict[str, Any]:
     """The sampler side of a resume state: the states of the generators an
     epoch's order is drawn from, and each stateful sampler's own."""
     return {"generators": [encode_generator(g) for g in generators], "samplers": [s.state_dict() for s in stateful]}
+
+
+def draw_seed(generator: Any = None) -> int:
+    """torch's draw of a seed from ``generator`` (None: torch's global one):
+    a DataLoader iterator's base seed, a ``RandomSampler``'s without a generator."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def encode_generator(generator: Any) -> str:
