@@ -699,3 +699,53 @@ def test_a_sampler_that_draws_in_iter_gives_torch_s_epochs(persistent, batch_siz
         return got
 
     assert epochs(DataLoader) == epochs(TorchLoader, multiprocessing_context="fork", timeout=30)
+
+
+# -- a sampler's error is the batch it replaces --------------------------------------
+
+class BreaksOnce(torch.utils.data.Sampler):
+    """0..7, but its first epoch raises after index 3."""
+
+    def __init__(self):
+        self.epochs = 0
+
+    def __len__(self):
+        return 8
+
+    def __iter__(self):
+        self.epochs += 1
+        yield from range(4)
+        if self.epochs == 1:
+            raise RuntimeError("sampler broke")
+        yield from range(4, 8)
+
+
+def epoch_outcomes(loader):
+    """The epoch's batches as lists, an error as its type's name; the epoch
+    ends at the error (next() then raises StopIteration)."""
+    got, it = [], iter(loader)
+    while True:
+        try:
+            got.append(next(it).tolist())
+        except StopIteration:
+            return got
+        except RuntimeError as e:
+            got.append(type(e).__name__)
+            assert "sampler broke" in str(e)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
+def test_a_sampler_s_error_is_the_batch_it_replaces_and_ends_the_epoch_as_torch(num_workers, persistent):
+    """As torch's loader without workers gives it (torch's worker processes
+    read the sampler ahead, so theirs raises before the batches it follows):
+    the batches before it, then its error, then the epoch's end; the next
+    epoch reads the sampler anew."""
+    ds = list(range(8))
+    mine = DataLoader(ds, batch_size=2, sampler=BreaksOnce(), num_workers=num_workers,
+                      persistent_workers=persistent)
+    got = [epoch_outcomes(mine), epoch_outcomes(mine)]
+    loader = TorchLoader(ds, batch_size=2, sampler=BreaksOnce())
+    torch_epochs = [epoch_outcomes(loader), epoch_outcomes(loader)]
+    assert got == torch_epochs == [[[0, 1], [2, 3], "RuntimeError"], [[0, 1], [2, 3], [4, 5], [6, 7]]]
+    mine.close()
