@@ -732,6 +732,8 @@ def epoch_outcomes(loader):
         except RuntimeError as e:
             got.append(type(e).__name__)
             assert "sampler broke" in str(e)
+            if isinstance(loader, DataLoader):   # the drop-in says where: the sampler, for which batch
+                assert any("sampler" in n and "batch 3" in n for n in getattr(e, "__notes__", [])), e
 
 
 @pytest.mark.timeout(60)
