@@ -152,6 +152,22 @@ def a_generator():
     yield from range(4)
 
 
+def outcomes(loader, errors=None):
+    """What each next() of one epoch gives: a batch as a list, or the error's
+    type name (each error appended to ``errors`` where given); the epoch ends
+    where next() raises StopIteration."""
+    it, got = iter(loader), []
+    while True:
+        try:
+            got.append(next(it).tolist())
+        except StopIteration:
+            return got
+        except Exception as exc:
+            got.append(type(exc).__name__)
+            if errors is not None:
+                errors.append(exc)
+
+
 def assert_refused_and_usable(call, exc, says, ds, load):
     """``call(ds)`` raises ``exc`` saying each of ``says``, at the call: before
     a thread starts or a sample of the 4-sample ``ds`` loads; then ``ds`` is

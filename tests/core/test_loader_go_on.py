@@ -8,6 +8,7 @@ import pytest
 
 import prefetch
 from prefetch._framework import FrameworkLoader
+from support import outcomes
 
 
 class FailsAt:
@@ -23,18 +24,6 @@ class FailsAt:
         if i in self.bad:
             raise KeyError(f"no sample {i}")
         return i
-
-
-def outcomes(loader):
-    """What each next() of one epoch gives: a batch as a list, or the error's type name."""
-    it, got = iter(loader), []
-    while True:
-        try:
-            got.append(next(it).tolist())
-        except StopIteration:
-            return got
-        except Exception as exc:
-            got.append(type(exc).__name__)
 
 
 def going_on(dataset, lookahead=0, **kwargs):

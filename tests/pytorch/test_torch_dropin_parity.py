@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
 from prefetch.torch import DataLoader  # noqa: E402
-from support import assert_same, python_output  # noqa: E402
+from support import assert_same, outcomes, python_output  # noqa: E402
 
 # -- Ctrl-C while next() waits (issue 23 item 4) -----------------------------------
 
@@ -720,22 +720,6 @@ class BreaksOnce(torch.utils.data.Sampler):
         yield from range(4, 8)
 
 
-def epoch_outcomes(loader):
-    """The epoch's batches as lists, an error as its type's name; the epoch
-    ends at the error (next() then raises StopIteration)."""
-    got, it = [], iter(loader)
-    while True:
-        try:
-            got.append(next(it).tolist())
-        except StopIteration:
-            return got
-        except RuntimeError as e:
-            got.append(type(e).__name__)
-            assert "sampler broke" in str(e)
-            if isinstance(loader, DataLoader):   # the drop-in says where: the sampler, for which batch
-                assert any("sampler" in n and "batch 3" in n for n in getattr(e, "__notes__", [])), e
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
 def test_a_sampler_s_error_is_the_batch_it_replaces_and_ends_the_epoch_as_torch(num_workers, persistent):
@@ -746,8 +730,12 @@ def test_a_sampler_s_error_is_the_batch_it_replaces_and_ends_the_epoch_as_torch(
     ds = list(range(8))
     mine = DataLoader(ds, batch_size=2, sampler=BreaksOnce(), num_workers=num_workers,
                       persistent_workers=persistent)
-    got = [epoch_outcomes(mine), epoch_outcomes(mine)]
+    errors = []
+    got = [outcomes(mine, errors), outcomes(mine)]
     loader = TorchLoader(ds, batch_size=2, sampler=BreaksOnce())
-    torch_epochs = [epoch_outcomes(loader), epoch_outcomes(loader)]
+    torch_epochs = [outcomes(loader), outcomes(loader)]
     assert got == torch_epochs == [[[0, 1], [2, 3], "RuntimeError"], [[0, 1], [2, 3], [4, 5], [6, 7]]]
+    (error,) = errors   # the drop-in says where: the sampler, for which batch
+    assert "sampler broke" in str(error)
+    assert any("sampler" in n and "batch 3" in n for n in getattr(error, "__notes__", [])), error
     mine.close()
