@@ -108,38 +108,15 @@ def _unflatten_batch(aux, children):
     return new
 
 
-# Engine work pushed by deliveries, numbered; and the number reached when the
-# last engine_sync began: every op pushed up to it has run since. A
-# prefetcher's close runs the NDArray leaves' hook and its delivery's close:
-# the second finds the first covered its work and skips the wait.
-_pushed = 0
-_synced = 0
-
-
-def pushed():
-    """Engine work was pushed (a delivery): its number, for synced_since()."""
-    global _pushed
-    _pushed += 1
-    return _pushed
-
-
-def synced_since(number):
-    """An engine_sync that began after work ``number`` was pushed has returned."""
-    return _synced >= number
-
-
 def engine_sync():
     """Wait until the engine has run every pending op, frees included (a pool
     block behind a dropped NDArray goes back only when MXNet frees it, after
     the ops on it). Skipped on a thread MXNet created (a deleter that ran a
     finalizer): waiting for the engine there would wait for itself."""
-    global _synced
     _previous.clear()   # a prefetcher closed: hold no source arrays (a throttle only)
     if isinstance(threading.current_thread(), threading._DummyThread):
         return
-    reached = _pushed
     _engine.wait_all()
-    _synced = max(_synced, reached)
 
 
 register_leaf(mx.nd.NDArray, _copy_ndarray, close=engine_sync)
