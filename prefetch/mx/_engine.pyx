@@ -269,13 +269,6 @@ cdef int _push_copy(Handle src, int ndim, const int64_t *shape, int dtype, int d
     return rc
 
 
-cdef bint _on_host(Handle src) except -1:
-    cdef int dev_type = 0, dev_id = 0
-    if _get_context(src, &dev_type, &dev_id) != 0:
-        _error()
-    return dev_type == DEV_CPU or dev_type == DEV_CPU_PINNED or dev_type == DEV_CPU_SHARED
-
-
 cdef int _copy_now(Handle src, size_t nbytes, Holder *h, Handle *out) noexcept:
     """A small host array copied here, not by the engine: once the source's
     pending writes have run (usually none: MXNet returns at once), its bytes
@@ -324,7 +317,7 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, list pushed=None):
     cdef int ndim, dtype = 0, stype = 0, dev_type = 0, dev_id = 0, i, rc = 1
     cdef int64_t shape[MAX_NDIM]
     cdef size_t nbytes
-    cdef bint now = False   # a small host array, copied here
+    cdef bint on_host, now = False   # now: a small host array, copied here
     if _get_stype(src, &stype) != 0 or _get_dtype(src, &dtype) != 0:
         _error()
     if stype != STYPE_DEFAULT or not 0 <= dtype < N_DTYPES:
@@ -337,15 +330,15 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, list pushed=None):
         if shape[i] <= 0:   # 0 is "unknown" in MXNet's legacy shape semantics
             return None
         nbytes *= <size_t>shape[i]
-    if ctx is None:
-        if _get_context(src, &dev_type, &dev_id) != 0:
-            _error()
-        if dev_type == DEV_CPU_SHARED:
-            dev_type, dev_id = DEV_CPU, 0
-    else:
+    if _get_context(src, &dev_type, &dev_id) != 0:   # asked first: an error leaks no block
+        _error()
+    on_host = dev_type == DEV_CPU or dev_type == DEV_CPU_PINNED or dev_type == DEV_CPU_SHARED
+    if ctx is not None:
         dev_type, dev_id = ctx.device_typeid, ctx.device_id
+    elif dev_type == DEV_CPU_SHARED:
+        dev_type, dev_id = DEV_CPU, 0
     if plan is not None and dev_type == DEV_CPU and dev_id == 0 and dtype < 8:
-        now = nbytes < NOGIL_MIN_BYTES and _on_host(src)   # asked first: an error leaks no block
+        now = nbytes < NOGIL_MIN_BYTES and on_host
         blk = take_block(plan, nbytes)
         try:
             h = _holder(blk.data, ndim, shape, dtype)
