@@ -139,13 +139,10 @@ def _fresh_reader(reader):
 
 
 def _own_copy(kinds, paths, dataset, worker_id):
-    """A loader thread's dataset (the Loader's per-thread hook, with ``kinds``
-    and ``paths`` bound): a copy of its own, as each of Gluon's worker
-    processes holds. It holds readers of its own, wherever they sit in it
-    (``paths``; a reader's seek-then-read is not atomic, so threads cannot
-    share one), and with ``kinds``, a shallow copy of each Gluon dataset in
-    it (what ``__getitem__`` sets on it, a file opened on first use, is the
-    thread's)."""
+    """A loader thread's dataset (the Loader's per-thread hook): its replica
+    with readers of its own (``paths``: a reader's seek-then-read is not
+    atomic, so threads cannot share one) and, with ``kinds``, a shallow copy
+    of each Gluon dataset in it."""
     return replica(dataset, kinds, paths)
 
 
@@ -158,7 +155,7 @@ class _Batches:
     is made on the consumer's thread as a pass starts, as Gluon's loader
     makes it. Its state, saved at each pass's start, is numpy's global
     generator and the samples a ``rollover`` sampler carries over (checked
-    by ``_check_sampler_state``)."""
+    by ``_sampler_state``)."""
 
     def __init__(self, batch_sampler):
         self.batch_sampler = batch_sampler
@@ -183,11 +180,30 @@ class _Batches:
         return {"numpy_rng": rng, "rollover": None if carried is None else [int(i) for i in carried]}
 
     def load_state_dict(self, state):
-        rng = state["numpy_rng"]
-        key = np.frombuffer(base64.b64decode(rng["key"], validate=True), "<u4")
-        np.random.set_state(("MT19937", key, rng["pos"], rng["has_gauss"], rng["gauss"]))
-        if state["rollover"] is not None and hasattr(self.batch_sampler, "_prev"):
-            self.batch_sampler._prev = list(state["rollover"])
+        rng, carried = _sampler_state(state)
+        np.random.set_state(rng)
+        if carried is not None and hasattr(self.batch_sampler, "_prev"):
+            self.batch_sampler._prev = list(carried)
+
+
+def _sampler_state(saved):
+    """Numpy's generator state and a rollover's carried samples in ``saved``
+    (the state's sampler part, ``_Batches.state_dict()``'s); ValueError for
+    one truncated or edited."""
+    try:
+        rng = saved["numpy_rng"]
+        key = base64.b64decode(rng["key"], validate=True)
+        if len(key) != 624 * 4 or not isinstance(rng["pos"], int) or not 0 <= rng["pos"] <= 624:
+            raise ValueError("numpy_rng")
+        if not isinstance(rng["has_gauss"], int) or not isinstance(rng["gauss"], float):
+            raise ValueError("numpy_rng")
+        carried = saved["rollover"]
+        if carried is not None and not all(isinstance(i, int) for i in carried):
+            raise ValueError("rollover")
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ValueError(f"state has a bad or missing sampler state (truncated or edited?): {exc!r} "
+                         f"in {saved!r:.200}") from None
+    return ("MT19937", np.frombuffer(key, "<u4"), rng["pos"], rng["has_gauss"], rng["gauss"]), carried
 
 
 def _batches_per_pass(batch_sampler):
@@ -383,9 +399,6 @@ class DataLoader(_gluon_data.DataLoader):
         self._process_pass = ProcessEpoch(loader, handed)
         return self._pool.batches(sampler.cut.rest())
 
-    def __len__(self):
-        return len(self._batch_sampler)
-
     def refresh(self):
         """Starts loading the next pass now (Gluon's prefetch of an epoch)."""
         pending, self._iter = self._iter, None
@@ -465,7 +478,7 @@ class DataLoader(_gluon_data.DataLoader):
                                    order=self._order_part(), seed=None,
                                    batches_per_epoch=-1 if batches is None else batches,
                                    sampler_has_state=True, framework=GLUON_LOADER, owner="DataLoader")
-        _check_sampler_state(state["sampler"])
+        _sampler_state(state["sampler"])
         _check_gluon_part(resume.framework, self._framework_part())
         with self._lock:
             if self._closed:
@@ -473,12 +486,8 @@ class DataLoader(_gluon_data.DataLoader):
             if self._busy:
                 raise RuntimeError("cannot load a state into this DataLoader while a pass over it is in "
                                    "progress; load it before iterating, or once the pass has ended")
-        pending, self._iter = self._iter, None
-        if pending is not None:
-            pending[1].stop()
-            loader = pending[0]
-        else:
-            loader = self._for_next()
+        self.clean()   # a pass started ahead (auto_reload) stops: the state's pass comes next
+        loader = self._for_next()
         try:
             loader.load_checked(resume, seed)   # checked once, above
             loader.batch_sampler.skip = state["batches"]   # the threads drop them; a hand-over, the rest
@@ -524,24 +533,6 @@ class DataLoader(_gluon_data.DataLoader):
 
     def __del__(self):
         pass   # Gluon's terminates its process pool; the Loaders go with this object
-
-
-def _check_sampler_state(sampler):
-    """ValueError unless ``sampler`` (the state's sampler part, ``_Batches``')
-    is numpy's generator state and a rollover's carried samples."""
-    try:
-        rng = sampler["numpy_rng"]
-        key = base64.b64decode(rng["key"], validate=True)
-        if len(key) != 624 * 4 or not isinstance(rng["pos"], int) or not 0 <= rng["pos"] <= 624:
-            raise ValueError("numpy_rng")
-        if not isinstance(rng["has_gauss"], int) or not isinstance(rng["gauss"], float):
-            raise ValueError("numpy_rng")
-        carried = sampler["rollover"]
-        if carried is not None and not all(isinstance(i, int) for i in carried):
-            raise ValueError("rollover")
-    except (TypeError, KeyError, ValueError) as exc:
-        raise ValueError(f"state has a bad or missing sampler state (truncated or edited?): {exc!r} "
-                         f"in {sampler!r:.200}") from None
 
 
 def _check_gluon_part(saved, own):
