@@ -38,9 +38,11 @@ from prefetch._framework import (
     make_state,
     order_part,
     replica,
+    say_handover,
+    start_method,
+    unpicklable,
 )
 from prefetch.mx._mxnet import mx
-from prefetch.mx._processes import Pool, say, why_not_processes
 
 _gluon_data = mx.gluon.data
 _default_batchify_fn = _gluon_data.dataloader.default_batchify_fn
@@ -159,7 +161,7 @@ class _Batches:
 
     def __init__(self, batch_sampler):
         self.batch_sampler = batch_sampler
-        self.processes = False   # Gluon's worker pool loads the passes that begin (_processes.py)
+        self.processes = False   # Gluon's worker pool loads the passes that begin (_hand_over)
         self.skip = 0            # batches of the next pass handed out before a loaded state
         self.cut = None          # what the threads take of the pass begun
 
@@ -283,8 +285,8 @@ class DataLoader(_gluon_data.DataLoader):
         self._prefetch = max(0, int(prefetch) if prefetch is not None else 2 * self._num_workers)
         self._batchify_fn = _default_batchify_fn if batchify_fn is None else batchify_fn
         self._given_batchify = batchify_fn   # Gluon's pool's (None: its default for processes)
-        self._choice = Choice(loading)   # where the passes load (_processes.py), decided once
-        self._pool = None           # Gluon's worker pool, once it loads
+        self._choice = Choice(loading)   # where the passes load (_hand_over), decided once
+        self._gluon = None          # Gluon's own DataLoader (its worker pool), once that loads
         self._process_pass = None   # the pass that pool finishes or loads, as state_dict()/stats() read it
         # Gluon's default on the host: one copy fewer per batch (pinned batches go Gluon's way)
         self._on_host = self._batchify_fn is _default_batchify_fn and not pin_memory
@@ -368,9 +370,7 @@ class DataLoader(_gluon_data.DataLoader):
                 handed += 1
                 if rest is not None:
                     self._process_pass.handed = handed
-                elif self._choice.notices and self._choice.decide(
-                        lambda: why_not_processes(self._dataset, self._given_batchify),
-                        lambda note, reason: say(note, self._num_workers, reason)):
+                elif self._choice.notices and self._choice.decide(self._why_not_processes, self._say):
                     # The threads measured dataset[i] holding the GIL: Gluon's worker pool
                     # loads the rest of the pass, and every later one; the one warning said so.
                     rest = self._hand_over(loader, handed)
@@ -387,17 +387,39 @@ class DataLoader(_gluon_data.DataLoader):
         if self._iter is None and self.auto_reload:
             self.refresh()
 
+    def _why_not_processes(self):
+        """Why Gluon's worker pool cannot run this dataset; None where it can."""
+        reason = unpicklable("batchify_fn", (self._given_batchify,),
+                             "Gluon's worker pool, which sends it with each batch,")
+        method = start_method()
+        if reason is None and method != "fork":
+            reason = unpicklable("dataset", (self._dataset,), f"the {method!r} start method")
+        return reason
+
+    def _say(self, note, reason):
+        """The one warning about the GIL notice ``note``, at the user's line."""
+        say_handover(note, reason, framework="Gluon", loader=GLUON_LOADER, workers=self._num_workers,
+                     method=start_method(), same="the same batches, order and batchify_fn")
+
     def _hand_over(self, loader, handed):
         """The index lists of the pass begun that no thread opened go to
-        Gluon's worker pool (made here the first time), which loads them
-        while the threads finish theirs: its batches, in order."""
+        Gluon's worker pool: a Gluon ``DataLoader(num_workers=N,
+        thread_pool=False)`` (made here the first time) over those lists, with
+        the user's ``batchify_fn`` (None: Gluon's own default for processes),
+        pinning, prefetch and timeout, loads them while the threads finish
+        theirs: its batches, in order (``last_batch`` is the user's batch
+        sampler's, read on this side)."""
         sampler = loader.batch_sampler
         sampler.processes = True   # the later passes begin there
-        if self._pool is None:
-            self._pool = Pool(self._dataset, self._given_batchify, self._num_workers, self._pin_memory,
-                              self._pin_device_id, self._prefetch, self._timeout)
+        if self._gluon is None:
+            self._gluon = _gluon_data.DataLoader(
+                self._dataset, batch_sampler=[], batchify_fn=self._given_batchify, num_workers=self._num_workers,
+                pin_memory=self._pin_memory, pin_device_id=self._pin_device_id, prefetch=self._prefetch,
+                thread_pool=False, timeout=self._timeout)
         self._process_pass = ProcessEpoch(loader, handed)
-        return self._pool.batches(sampler.cut.rest())
+        self._gluon._batch_sampler = sampler.cut.rest()   # what refresh() reads, as Gluon's DataLoader made it
+        self._gluon.refresh()   # its workers load from now (Gluon's own start of a pass)
+        return iter(self._gluon)
 
     def refresh(self):
         """Starts loading the next pass now (Gluon's prefetch of an epoch)."""
@@ -522,8 +544,11 @@ class DataLoader(_gluon_data.DataLoader):
         self._iter = self._next = None
         for loader in loaders:
             loader.close()
-        if self._pool is not None:
-            self._pool.close()
+        pool = None if self._gluon is None else self._gluon._worker_pool
+        if pool is not None:   # terminated and joined: no process is left
+            self._gluon._worker_pool = None   # Gluon's __del__ has nothing left to end
+            pool.terminate()
+            pool.join()
 
     def __enter__(self):
         return self
