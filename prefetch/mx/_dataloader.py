@@ -5,9 +5,6 @@ as Gluon's Estimator, takes it) whose constructor never calls Gluon's: that
 one starts a process pool. It validates its arguments as Gluon's does,
 builds Gluon's own samplers, and loads with a ``prefetch.Loader``.
 
-Each iteration is a pass of its own, as in Gluon: a pass runs on a Loader
-that no other pass holds (one left by an ended or dropped pass, or a new one).
-
 Threading contract: ``_own_copy`` runs on loader threads (once each);
 everything else on the consumer's thread, and a dropped pass's ``finally``
 wherever its generator is collected.
@@ -161,7 +158,7 @@ class _Batches:
 
     def __init__(self, batch_sampler):
         self.batch_sampler = batch_sampler
-        self.processes = False   # Gluon's worker pool loads the passes that begin (_hand_over)
+        self.processes = False   # Gluon's worker pool loads the passes that begin (refresh())
         self.skip = 0            # batches of the next pass handed out before a loaded state
         self.cut = None          # what the threads take of the pass begun
 
@@ -294,8 +291,8 @@ class DataLoader(_gluon_data.DataLoader):
         # num_workers=0: Gluon loads from the dataset itself (its readers are still the thread's)
         kinds = (_gluon_data.Dataset,) if self._num_workers > 0 else ()
         self._per_thread = functools.partial(_own_copy, kinds, paths) if paths or kinds else None
-        # Each pass (each iteration, as in Gluon) runs on a Loader of its own;
-        # one whose pass ended or was dropped serves the next pass.
+        # Each pass (each iteration, as in Gluon) runs on a Loader that no
+        # other pass holds: one whose pass ended or was dropped, or a new one.
         self._lock = threading.Lock()
         self._loaders = []        # every Loader made (close() closes them)
         self._idle = []           # those no pass holds
@@ -409,15 +406,13 @@ class DataLoader(_gluon_data.DataLoader):
         pinning, prefetch and timeout, loads them while the threads finish
         theirs: its batches, in order (``last_batch`` is the user's batch
         sampler's, read on this side)."""
-        sampler = loader.batch_sampler
-        sampler.processes = True   # the later passes begin there
         if self._gluon is None:
             self._gluon = _gluon_data.DataLoader(
                 self._dataset, batch_sampler=[], batchify_fn=self._given_batchify, num_workers=self._num_workers,
                 pin_memory=self._pin_memory, pin_device_id=self._pin_device_id, prefetch=self._prefetch,
                 thread_pool=False, timeout=self._timeout)
         self._process_pass = ProcessEpoch(loader, handed)
-        self._gluon._batch_sampler = sampler.cut.rest()   # what refresh() reads, as Gluon's DataLoader made it
+        self._gluon._batch_sampler = loader.batch_sampler.cut.rest()   # what refresh() reads, as Gluon's DataLoader made it
         self._gluon.refresh()   # its workers load from now (Gluon's own start of a pass)
         return iter(self._gluon)
 

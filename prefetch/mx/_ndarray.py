@@ -39,20 +39,13 @@ def _throttle(plan):
 
 
 def _copy_ndarray(nd, plan):
-    """Leaf hook: a fresh NDArray with ``nd``'s shape, dtype and values.
-
-    A small array on the host (under 64 KiB) is copied at once into a pool
-    block on the copying thread (no engine op: its reader waits for nothing).
-    Otherwise one engine op, issued from C (``_engine.copy_leaf``), copies ``nd`` straight
-    to where the leaf is handed out: the prefetcher's device context if it has
-    one, else a pool block on cpu(0) (or ``nd``'s own context when that is not
-    cpu(0) or cpu_shared). The engine orders the copy after the op that writes
-    ``nd`` and before every use of the result (the batch is complete
-    for every reader), so the copy is not waited for; only the previous
-    batch's, once per batch (_throttle). Sparse, 0-d and empty arrays take
-    MXNet's own copy, equally unwaited, under NumPy-shape semantics
-    (_np_shape_copy). The copy has ``nd``'s type: ``mx.np.ndarray`` or NDArray.
-    """
+    """Leaf hook: a fresh NDArray with ``nd``'s shape, dtype, values and type
+    (``mx.np.ndarray`` or NDArray), where docs/mxnet.md says: made in C
+    (``_engine.copy_leaf``: at once for a small host array, else by one
+    engine op that orders it before every use of the result, so it is not
+    waited for; only the previous batch's copies are, once per batch,
+    _throttle). Sparse, 0-d and empty arrays take MXNet's own copy, equally
+    unwaited, under NumPy-shape semantics (_np_shape_copy)."""
     ctx = getattr(plan.device, "ctx", None)
     pushed = []   # the copy, where the engine makes it (not one made at once)
     out = _engine.copy_leaf(nd, plan, ctx, pushed)
