@@ -205,16 +205,6 @@ def _sampler_state(saved):
     return ("MT19937", np.frombuffer(key, "<u4"), rng["pos"], rng["has_gauss"], rng["gauss"]), carried
 
 
-def _batches_per_pass(batch_sampler):
-    """None where it varies (a rollover sampler) or is not known."""
-    if getattr(batch_sampler, "_last_batch", None) == "rollover":
-        return None
-    try:
-        return len(batch_sampler)
-    except (TypeError, ValueError):   # a bad last_batch raises at the end of the pass, as Gluon's
-        return None
-
-
 GLUON_LOADER = "mxnet.gluon.data.DataLoader"   # the framework part's name in the resume state
 
 
@@ -490,10 +480,14 @@ class DataLoader(_gluon_data.DataLoader):
         RuntimeError
             While a pass is in progress.
         """
-        batches = _batches_per_pass(self._batch_sampler)
+        batches = -1   # per pass: unknown, or varying (a rollover sampler's)
+        if getattr(self._batch_sampler, "_last_batch", None) != "rollover":
+            try:
+                batches = len(self._batch_sampler)
+            except (TypeError, ValueError):   # a bad last_batch raises at the end of the pass, as Gluon's
+                pass
         resume, seed = check_state(state, dataset_length=len(self._dataset), batch_size=self._said_batch_size,
-                                   order=self._order_part(), seed=None,
-                                   batches_per_epoch=-1 if batches is None else batches,
+                                   order=self._order_part(), seed=None, batches_per_epoch=batches,
                                    sampler_has_state=True, framework=GLUON_LOADER, owner="DataLoader")
         _sampler_state(state["sampler"])
         _check_gluon_part(resume.framework, self._framework_part())
