@@ -111,10 +111,11 @@ cdef class _OwningAssembly(_Assembly):
         return dict(zip(_COPY_FIGURES, self.copied), bytes_collated=0)
 
     def close(self):
-        """The adapters' close hooks, each once."""
+        """The adapters' close hooks and the device delivery's, each once (one that is both runs once)."""
+        if self.delivery is not None:
+            self.closers.add(self.delivery.close)
         while self.closers:
             self.closers.pop()()   # popped first: run once, even if interrupted
-        _Assembly.close(self)
 
     cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2:
         """``item`` (a sample with no batching, or a collate result) copied, or

@@ -40,15 +40,15 @@ cdef class _BatchCopy:
     def close(self):
         """Once the threads that copy are stopped: the adapters' close hooks
         for what was copied (e.g. an engine sync: the memory behind dropped
-        batches is returned), each once, then the copy threads, then the
-        device delivery (a Prefetcher's: its one holder)."""
+        batches is returned) and the device delivery's (a Prefetcher's: its
+        one holder), each once (one that is both runs once), then the copy threads."""
         self.plan._pool = NULL   # the pool is going away: a copy still running raises _Closing
         closers = self.plan.closers
+        if self.plan.device is not None:
+            closers.add(self.plan.device.close)
         while closers:
             closers.pop()()   # popped first: run once, even if interrupted
         self.fini()
-        if self.plan.device is not None:
-            self.plan.device.close()
 
     cdef void copy(self, object item, _Parts parts) except *:
         """``item``'s leaves copied (or handed over) into ``parts``. ``item`` is

@@ -53,7 +53,8 @@ class Delivery(Protocol):
 
     def close(self) -> None:
         """Called once by ``Prefetcher.close()`` after the queued batches were
-        dropped: return their device memory (e.g. synchronise the stream)."""
+        dropped: return their device memory (e.g. synchronise the stream). The
+        same function as a leaf's ``close`` hook runs once for both."""
 
 
 def _check_hooks(cls: Any, optional: tuple[str, ...] = (), **hooks: Any) -> None:

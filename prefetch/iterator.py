@@ -114,7 +114,7 @@ class Prefetcher(_Lifecycle, Generic[T]):
         self._copy = _BatchCopy(self._pool, o.workers, o.handover,
                                 None if device is None else adapters._open_device(device), o.depth + 2)
         # Closed after the epoch's core, in this order: what was copied is
-        # released (the adapters' hooks), then the device, then the memory.
+        # released (the adapters' hooks, the device's among them), then the memory.
         self._owned = (self._copy, self._pool)
         self._remember_caller()
         self._start(iterator)

@@ -5,16 +5,11 @@ copy; numpy-mode arrays (``mx.np.ndarray``) stay numpy-mode."""
 from __future__ import annotations
 
 import functools
+import operator
 
 from prefetch._framework import register_collate
 from prefetch.mx._mxnet import mx
 
-
-def _as_numpy(nd):
-    return nd.asnumpy()
-
-
+_as_numpy = operator.methodcaller("asnumpy")
 register_collate(mx.nd.NDArray, _as_numpy, functools.partial(mx.nd.from_numpy, zero_copy=True))
-if hasattr(mx, "np") and hasattr(mx.np, "ndarray"):
-    register_collate(mx.np.ndarray, _as_numpy,
-                     functools.partial(mx.nd.from_numpy, zero_copy=True, array_cls=mx.np.ndarray))
+register_collate(mx.np.ndarray, _as_numpy, functools.partial(mx.nd.from_numpy, zero_copy=True, array_cls=mx.np.ndarray))

@@ -5,9 +5,6 @@ as Gluon's Estimator, takes it) whose constructor never calls Gluon's: that
 one starts a process pool. It validates its arguments as Gluon's does,
 builds Gluon's own samplers, and loads with a ``prefetch.Loader``.
 
-Each iteration is a pass of its own, as in Gluon: a pass runs on a Loader
-that no other pass holds (one left by an ended or dropped pass, or a new one).
-
 Threading contract: ``_own_copy`` runs on loader threads (once each);
 everything else on the consumer's thread, and a dropped pass's ``finally``
 wherever its generator is collected.
@@ -38,9 +35,11 @@ from prefetch._framework import (
     make_state,
     order_part,
     replica,
+    say_handover,
+    start_method,
+    unpicklable,
 )
 from prefetch.mx._mxnet import mx
-from prefetch.mx._processes import Pool, say, why_not_processes
 
 _gluon_data = mx.gluon.data
 _default_batchify_fn = _gluon_data.dataloader.default_batchify_fn
@@ -139,13 +138,10 @@ def _fresh_reader(reader):
 
 
 def _own_copy(kinds, paths, dataset, worker_id):
-    """A loader thread's dataset (the Loader's per-thread hook, with ``kinds``
-    and ``paths`` bound): a copy of its own, as each of Gluon's worker
-    processes holds. It holds readers of its own, wherever they sit in it
-    (``paths``; a reader's seek-then-read is not atomic, so threads cannot
-    share one), and with ``kinds``, a shallow copy of each Gluon dataset in
-    it (what ``__getitem__`` sets on it, a file opened on first use, is the
-    thread's)."""
+    """A loader thread's dataset (the Loader's per-thread hook): its replica
+    with readers of its own (``paths``: a reader's seek-then-read is not
+    atomic, so threads cannot share one) and, with ``kinds``, a shallow copy
+    of each Gluon dataset in it."""
     return replica(dataset, kinds, paths)
 
 
@@ -158,11 +154,11 @@ class _Batches:
     is made on the consumer's thread as a pass starts, as Gluon's loader
     makes it. Its state, saved at each pass's start, is numpy's global
     generator and the samples a ``rollover`` sampler carries over (checked
-    by ``_check_sampler_state``)."""
+    by ``_sampler_state``)."""
 
     def __init__(self, batch_sampler):
         self.batch_sampler = batch_sampler
-        self.processes = False   # Gluon's worker pool loads the passes that begin (_processes.py)
+        self.processes = False   # Gluon's worker pool loads the passes that begin (refresh())
         self.skip = 0            # batches of the next pass handed out before a loaded state
         self.cut = None          # what the threads take of the pass begun
 
@@ -183,21 +179,30 @@ class _Batches:
         return {"numpy_rng": rng, "rollover": None if carried is None else [int(i) for i in carried]}
 
     def load_state_dict(self, state):
-        rng = state["numpy_rng"]
-        key = np.frombuffer(base64.b64decode(rng["key"], validate=True), "<u4")
-        np.random.set_state(("MT19937", key, rng["pos"], rng["has_gauss"], rng["gauss"]))
-        if state["rollover"] is not None and hasattr(self.batch_sampler, "_prev"):
-            self.batch_sampler._prev = list(state["rollover"])
+        rng, carried = _sampler_state(state)
+        np.random.set_state(rng)
+        if carried is not None and hasattr(self.batch_sampler, "_prev"):
+            self.batch_sampler._prev = list(carried)
 
 
-def _batches_per_pass(batch_sampler):
-    """None where it varies (a rollover sampler) or is not known."""
-    if getattr(batch_sampler, "_last_batch", None) == "rollover":
-        return None
+def _sampler_state(saved):
+    """Numpy's generator state and a rollover's carried samples in ``saved``
+    (the state's sampler part, ``_Batches.state_dict()``'s); ValueError for
+    one truncated or edited."""
     try:
-        return len(batch_sampler)
-    except (TypeError, ValueError):   # a bad last_batch raises at the end of the pass, as Gluon's
-        return None
+        rng = saved["numpy_rng"]
+        key = base64.b64decode(rng["key"], validate=True)
+        if len(key) != 624 * 4 or not isinstance(rng["pos"], int) or not 0 <= rng["pos"] <= 624:
+            raise ValueError("numpy_rng")
+        if not isinstance(rng["has_gauss"], int) or not isinstance(rng["gauss"], float):
+            raise ValueError("numpy_rng")
+        carried = saved["rollover"]
+        if carried is not None and not all(isinstance(i, int) for i in carried):
+            raise ValueError("rollover")
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ValueError(f"state has a bad or missing sampler state (truncated or edited?): {exc!r} "
+                         f"in {saved!r:.200}") from None
+    return ("MT19937", np.frombuffer(key, "<u4"), rng["pos"], rng["has_gauss"], rng["gauss"]), carried
 
 
 GLUON_LOADER = "mxnet.gluon.data.DataLoader"   # the framework part's name in the resume state
@@ -267,8 +272,8 @@ class DataLoader(_gluon_data.DataLoader):
         self._prefetch = max(0, int(prefetch) if prefetch is not None else 2 * self._num_workers)
         self._batchify_fn = _default_batchify_fn if batchify_fn is None else batchify_fn
         self._given_batchify = batchify_fn   # Gluon's pool's (None: its default for processes)
-        self._choice = Choice(loading)   # where the passes load (_processes.py), decided once
-        self._pool = None           # Gluon's worker pool, once it loads
+        self._choice = Choice(loading)   # where the passes load (_hand_over), decided once
+        self._gluon = None          # Gluon's own DataLoader (its worker pool), once that loads
         self._process_pass = None   # the pass that pool finishes or loads, as state_dict()/stats() read it
         # Gluon's default on the host: one copy fewer per batch (pinned batches go Gluon's way)
         self._on_host = self._batchify_fn is _default_batchify_fn and not pin_memory
@@ -276,8 +281,8 @@ class DataLoader(_gluon_data.DataLoader):
         # num_workers=0: Gluon loads from the dataset itself (its readers are still the thread's)
         kinds = (_gluon_data.Dataset,) if self._num_workers > 0 else ()
         self._per_thread = functools.partial(_own_copy, kinds, paths) if paths or kinds else None
-        # Each pass (each iteration, as in Gluon) runs on a Loader of its own;
-        # one whose pass ended or was dropped serves the next pass.
+        # Each pass (each iteration, as in Gluon) runs on a Loader that no
+        # other pass holds: one whose pass ended or was dropped, or a new one.
         self._lock = threading.Lock()
         self._loaders = []        # every Loader made (close() closes them)
         self._idle = []           # those no pass holds
@@ -352,9 +357,7 @@ class DataLoader(_gluon_data.DataLoader):
                 handed += 1
                 if rest is not None:
                     self._process_pass.handed = handed
-                elif self._choice.notices and self._choice.decide(
-                        lambda: why_not_processes(self._dataset, self._given_batchify),
-                        lambda note, reason: say(note, self._num_workers, reason)):
+                elif self._choice.notices and self._choice.decide(self._why_not_processes, self._say):
                     # The threads measured dataset[i] holding the GIL: Gluon's worker pool
                     # loads the rest of the pass, and every later one; the one warning said so.
                     rest = self._hand_over(loader, handed)
@@ -371,20 +374,37 @@ class DataLoader(_gluon_data.DataLoader):
         if self._iter is None and self.auto_reload:
             self.refresh()
 
+    def _why_not_processes(self):
+        """Why Gluon's worker pool cannot run this dataset; None where it can."""
+        reason = unpicklable("batchify_fn", (self._given_batchify,),
+                             "Gluon's worker pool, which sends it with each batch,")
+        method = start_method()
+        if reason is None and method != "fork":
+            reason = unpicklable("dataset", (self._dataset,), f"the {method!r} start method")
+        return reason
+
+    def _say(self, note, reason):
+        """The one warning about the GIL notice ``note``, at the user's line."""
+        say_handover(note, reason, framework="Gluon", loader=GLUON_LOADER, workers=self._num_workers,
+                     method=start_method(), same="the same batches, order and batchify_fn")
+
     def _hand_over(self, loader, handed):
         """The index lists of the pass begun that no thread opened go to
-        Gluon's worker pool (made here the first time), which loads them
-        while the threads finish theirs: its batches, in order."""
-        sampler = loader.batch_sampler
-        sampler.processes = True   # the later passes begin there
-        if self._pool is None:
-            self._pool = Pool(self._dataset, self._given_batchify, self._num_workers, self._pin_memory,
-                              self._pin_device_id, self._prefetch, self._timeout)
+        Gluon's worker pool: a Gluon ``DataLoader(num_workers=N,
+        thread_pool=False)`` (made here the first time) over those lists, with
+        the user's ``batchify_fn`` (None: Gluon's own default for processes),
+        pinning, prefetch and timeout, loads them while the threads finish
+        theirs: its batches, in order (``last_batch`` is the user's batch
+        sampler's, read on this side)."""
+        if self._gluon is None:
+            self._gluon = _gluon_data.DataLoader(
+                self._dataset, batch_sampler=[], batchify_fn=self._given_batchify, num_workers=self._num_workers,
+                pin_memory=self._pin_memory, pin_device_id=self._pin_device_id, prefetch=self._prefetch,
+                thread_pool=False, timeout=self._timeout)
         self._process_pass = ProcessEpoch(loader, handed)
-        return self._pool.batches(sampler.cut.rest())
-
-    def __len__(self):
-        return len(self._batch_sampler)
+        self._gluon._batch_sampler = loader.batch_sampler.cut.rest()   # what refresh() reads, as Gluon's DataLoader made it
+        self._gluon.refresh()   # its workers load from now (Gluon's own start of a pass)
+        return iter(self._gluon)
 
     def refresh(self):
         """Starts loading the next pass now (Gluon's prefetch of an epoch)."""
@@ -460,12 +480,16 @@ class DataLoader(_gluon_data.DataLoader):
         RuntimeError
             While a pass is in progress.
         """
-        batches = _batches_per_pass(self._batch_sampler)
+        batches = -1   # per pass: unknown, or varying (a rollover sampler's)
+        if getattr(self._batch_sampler, "_last_batch", None) != "rollover":
+            try:
+                batches = len(self._batch_sampler)
+            except (TypeError, ValueError):   # a bad last_batch raises at the end of the pass, as Gluon's
+                pass
         resume, seed = check_state(state, dataset_length=len(self._dataset), batch_size=self._said_batch_size,
-                                   order=self._order_part(), seed=None,
-                                   batches_per_epoch=-1 if batches is None else batches,
+                                   order=self._order_part(), seed=None, batches_per_epoch=batches,
                                    sampler_has_state=True, framework=GLUON_LOADER, owner="DataLoader")
-        _check_sampler_state(state["sampler"])
+        _sampler_state(state["sampler"])
         _check_gluon_part(resume.framework, self._framework_part())
         with self._lock:
             if self._closed:
@@ -473,12 +497,8 @@ class DataLoader(_gluon_data.DataLoader):
             if self._busy:
                 raise RuntimeError("cannot load a state into this DataLoader while a pass over it is in "
                                    "progress; load it before iterating, or once the pass has ended")
-        pending, self._iter = self._iter, None
-        if pending is not None:
-            pending[1].stop()
-            loader = pending[0]
-        else:
-            loader = self._for_next()
+        self.clean()   # a pass started ahead (auto_reload) stops: the state's pass comes next
+        loader = self._for_next()
         try:
             loader.load_checked(resume, seed)   # checked once, above
             loader.batch_sampler.skip = state["batches"]   # the threads drop them; a hand-over, the rest
@@ -513,8 +533,11 @@ class DataLoader(_gluon_data.DataLoader):
         self._iter = self._next = None
         for loader in loaders:
             loader.close()
-        if self._pool is not None:
-            self._pool.close()
+        pool = None if self._gluon is None else self._gluon._worker_pool
+        if pool is not None:   # terminated and joined: no process is left
+            self._gluon._worker_pool = None   # Gluon's __del__ has nothing left to end
+            pool.terminate()
+            pool.join()
 
     def __enter__(self):
         return self
@@ -524,24 +547,6 @@ class DataLoader(_gluon_data.DataLoader):
 
     def __del__(self):
         pass   # Gluon's terminates its process pool; the Loaders go with this object
-
-
-def _check_sampler_state(sampler):
-    """ValueError unless ``sampler`` (the state's sampler part, ``_Batches``')
-    is numpy's generator state and a rollover's carried samples."""
-    try:
-        rng = sampler["numpy_rng"]
-        key = base64.b64decode(rng["key"], validate=True)
-        if len(key) != 624 * 4 or not isinstance(rng["pos"], int) or not 0 <= rng["pos"] <= 624:
-            raise ValueError("numpy_rng")
-        if not isinstance(rng["has_gauss"], int) or not isinstance(rng["gauss"], float):
-            raise ValueError("numpy_rng")
-        carried = sampler["rollover"]
-        if carried is not None and not all(isinstance(i, int) for i in carried):
-            raise ValueError("rollover")
-    except (TypeError, KeyError, ValueError) as exc:
-        raise ValueError(f"state has a bad or missing sampler state (truncated or edited?): {exc!r} "
-                         f"in {sampler!r:.200}") from None
 
 
 def _check_gluon_part(saved, own):

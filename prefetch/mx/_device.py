@@ -10,7 +10,7 @@ NDArray leaves were already copied to the context by their leaf hook
 import numpy as np
 
 from prefetch._framework import register_device
-from prefetch.mx import _engine, _ndarray
+from prefetch.mx import _engine
 from prefetch.mx._mxnet import mx
 from prefetch.mx._ndarray import _np_shape_copy, engine_sync
 
@@ -37,10 +37,8 @@ class ContextDelivery:
 
     def __init__(self, device):
         self.ctx = as_context(device)
-        self._last = 0   # the number of its last engine work (_ndarray.pushed)
 
     def deliver(self, leaf):
-        self._last = _ndarray.pushed()
         if type(leaf) is np.ndarray and leaf.dtype in _MX_DTYPES:
             # A fresh pool-backed copy: an NDArray over its block on cpu(0),
             # else one engine copy to the context (DLPack wraps it in C).
@@ -58,11 +56,9 @@ class ContextDelivery:
         # its copies (SPEC §3), and close() synchronises it once (SPEC §5).
         pass
 
-    def close(self):
-        # Once per prefetcher: skipped where the NDArray leaves' close hook
-        # (the same sync, run just before) already covered this delivery's work.
-        if not _ndarray.synced_since(self._last):
-            engine_sync()
+    # The NDArray leaves' close hook itself: a prefetcher's close runs the
+    # two as one, so the engine is synchronised once (SPEC §5).
+    close = staticmethod(engine_sync)
 
 
 def device_hint(name):

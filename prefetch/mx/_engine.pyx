@@ -166,22 +166,31 @@ cdef inline Handle _handle_of(object nd) except? NULL:
     return <Handle><size_t>h
 
 
-cdef int _shape_of(Handle h, int64_t *shape) except -2:
-    """ndim, with the shape copied out of MXNet's per-thread buffer; -1 unknown."""
-    cdef int ndim = 0, i, rc
+cdef size_t _layout(Handle h, int *dtype, int *ndim, int64_t *shape) except? 0:
+    """The bytes of ``h``'s values, with its dtype, ndim and shape (copied out
+    of MXNet's per-thread buffer); 0 where it has none (0-d, empty) or they
+    are not known (0 is "unknown" in MXNet's legacy shape semantics)."""
+    cdef int i, rc
     cdef const int *shape32 = NULL
     cdef const int64_t *shape64 = NULL
+    cdef size_t nbytes
+    if _get_dtype(h, dtype) != 0:
+        _error()
     if _int64:
-        rc = _get_shape64(h, &ndim, &shape64)
+        rc = _get_shape64(h, ndim, &shape64)
     else:
-        rc = _get_shape32(h, &ndim, &shape32)
+        rc = _get_shape32(h, ndim, &shape32)
     if rc != 0:
         _error()
-    if ndim < 0 or ndim > MAX_NDIM:
-        return -1
-    for i in range(ndim):
+    if not (1 <= ndim[0] <= MAX_NDIM and 0 <= dtype[0] < N_DTYPES):
+        return 0
+    nbytes = ITEMSIZE[dtype[0]]
+    for i in range(ndim[0]):
         shape[i] = shape64[i] if _int64 else shape32[i]
-    return ndim
+        if shape[i] <= 0:
+            return 0
+        nbytes *= <size_t>shape[i]
+    return nbytes
 
 
 cdef object _ndarray(Handle h, object cls=_NDArray):
@@ -269,13 +278,6 @@ cdef int _push_copy(Handle src, int ndim, const int64_t *shape, int dtype, int d
     return rc
 
 
-cdef bint _on_host(Handle src) except -1:
-    cdef int dev_type = 0, dev_id = 0
-    if _get_context(src, &dev_type, &dev_id) != 0:
-        _error()
-    return dev_type == DEV_CPU or dev_type == DEV_CPU_PINNED or dev_type == DEV_CPU_SHARED
-
-
 cdef int _copy_now(Handle src, size_t nbytes, Holder *h, Handle *out) noexcept:
     """A small host array copied here, not by the engine: once the source's
     pending writes have run (usually none: MXNet returns at once), its bytes
@@ -321,31 +323,24 @@ def copy_leaf(object nd, CopyPlan plan=None, object ctx=None, list pushed=None):
     cdef Handle dst = NULL
     cdef Holder *h = NULL
     cdef pf_block *blk
-    cdef int ndim, dtype = 0, stype = 0, dev_type = 0, dev_id = 0, i, rc = 1
+    cdef int ndim = 0, dtype = 0, stype = 0, dev_type = 0, dev_id = 0, rc = 1
     cdef int64_t shape[MAX_NDIM]
     cdef size_t nbytes
-    cdef bint now = False   # a small host array, copied here
-    if _get_stype(src, &stype) != 0 or _get_dtype(src, &dtype) != 0:
+    cdef bint on_host, now = False   # now: a small host array, copied here
+    if _get_stype(src, &stype) != 0:
         _error()
-    if stype != STYPE_DEFAULT or not 0 <= dtype < N_DTYPES:
+    nbytes = _layout(src, &dtype, &ndim, shape)
+    if stype != STYPE_DEFAULT or nbytes == 0:
         return None
-    ndim = _shape_of(src, shape)
-    if ndim < 1:
-        return None
-    nbytes = ITEMSIZE[dtype]
-    for i in range(ndim):
-        if shape[i] <= 0:   # 0 is "unknown" in MXNet's legacy shape semantics
-            return None
-        nbytes *= <size_t>shape[i]
-    if ctx is None:
-        if _get_context(src, &dev_type, &dev_id) != 0:
-            _error()
-        if dev_type == DEV_CPU_SHARED:
-            dev_type, dev_id = DEV_CPU, 0
-    else:
+    if _get_context(src, &dev_type, &dev_id) != 0:   # asked first: an error leaks no block
+        _error()
+    on_host = dev_type == DEV_CPU or dev_type == DEV_CPU_PINNED or dev_type == DEV_CPU_SHARED
+    if ctx is not None:
         dev_type, dev_id = ctx.device_typeid, ctx.device_id
+    elif dev_type == DEV_CPU_SHARED:
+        dev_type, dev_id = DEV_CPU, 0
     if plan is not None and dev_type == DEV_CPU and dev_id == 0 and dtype < 8:
-        now = nbytes < NOGIL_MIN_BYTES and _on_host(src)   # asked first: an error leaks no block
+        now = nbytes < NOGIL_MIN_BYTES and on_host
         blk = take_block(plan, nbytes)
         try:
             h = _holder(blk.data, ndim, shape, dtype)
@@ -415,23 +410,16 @@ def wait_written(list nds):
     backlog of small arrays costs nothing (malloc reuses them without page
     faults), a wait a thread wake-up."""
     cdef Py_ssize_t i, n = len(nds)
-    cdef int rc = 0, dtype = 0, ndim, d
+    cdef int rc = 0, dtype = 0, ndim = 0
     cdef int64_t shape[MAX_NDIM]
-    cdef size_t nbytes = 0, one
+    cdef size_t nbytes = 0
     cdef Handle *hs = <Handle *>malloc(n * sizeof(Handle) + 1)   # + 1: malloc(0) may give NULL
     if hs == NULL:
         raise MemoryError("prefetch.mx: out of memory")
     try:
         for i in range(n):
             hs[i] = _handle_of(nds[i])
-            if _get_dtype(hs[i], &dtype) != 0:
-                _error()
-            ndim = _shape_of(hs[i], shape)
-            if ndim > 0 and 0 <= dtype < N_DTYPES:
-                one = ITEMSIZE[dtype]
-                for d in range(ndim):
-                    one *= <size_t>shape[d]
-                nbytes += one
+            nbytes += _layout(hs[i], &dtype, &ndim, shape)
         if nbytes < NOGIL_MIN_BYTES:
             return
         with nogil:

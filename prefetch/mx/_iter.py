@@ -5,7 +5,6 @@ thread (it is the source of the PrefetchingIter's Prefetcher); every
 ``PrefetchingIter`` method runs on the consumer's thread.
 """
 import threading
-import weakref
 
 from prefetch._framework import ClosedError, Options, Prefetcher
 from prefetch.mx._device import as_context
@@ -177,9 +176,7 @@ class PrefetchingIter(mx.io.DataIter):
 
     def _start(self):
         self._rounds = _Rounds(self.iters)
-        self._pf = Prefetcher(self._rounds, **self._options)
-        # Closes the prefetcher once: at close() or reset(), else at exit.
-        self._finalizer = weakref.finalize(self, self._pf.close)
+        self._pf = Prefetcher(self._rounds, **self._options)   # closed by close(), reset(), or when dropped
 
     @property
     def provide_data(self):
@@ -202,7 +199,7 @@ class PrefetchingIter(mx.io.DataIter):
         self._check_open()
         taken = self._pf.stats().consumed   # the batches the consumer took
         self._rounds.stop()   # the round in progress ends; none starts after it
-        self._finalizer()
+        self._pf.close()
         try:   # a source error here is raised, after the reset below
             self._rounds.top_up(taken + self._options["depth"])
         finally:
@@ -240,7 +237,7 @@ class PrefetchingIter(mx.io.DataIter):
         self._closed = True
         self.current_batch = None
         self._rounds.stopped = True   # no round starts after this
-        self._finalizer()   # the prefetcher's close() synchronises the engine once
+        self._pf.close()   # it synchronises the engine once
 
     def __enter__(self):
         return self

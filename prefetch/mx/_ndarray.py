@@ -39,20 +39,13 @@ def _throttle(plan):
 
 
 def _copy_ndarray(nd, plan):
-    """Leaf hook: a fresh NDArray with ``nd``'s shape, dtype and values.
-
-    A small array on the host (under 64 KiB) is copied at once into a pool
-    block on the copying thread (no engine op: its reader waits for nothing).
-    Otherwise one engine op, issued from C (``_engine.copy_leaf``), copies ``nd`` straight
-    to where the leaf is handed out: the prefetcher's device context if it has
-    one, else a pool block on cpu(0) (or ``nd``'s own context when that is not
-    cpu(0) or cpu_shared). The engine orders the copy after the op that writes
-    ``nd`` and before every use of the result (the batch is complete
-    for every reader), so the copy is not waited for; only the previous
-    batch's, once per batch (_throttle). Sparse, 0-d and empty arrays take
-    MXNet's own copy, equally unwaited, under NumPy-shape semantics
-    (_np_shape_copy). The copy has ``nd``'s type: ``mx.np.ndarray`` or NDArray.
-    """
+    """Leaf hook: a fresh NDArray with ``nd``'s shape, dtype, values and type
+    (``mx.np.ndarray`` or NDArray), where docs/mxnet.md says: made in C
+    (``_engine.copy_leaf``: at once for a small host array, else by one
+    engine op that orders it before every use of the result, so it is not
+    waited for; only the previous batch's copies are, once per batch,
+    _throttle). Sparse, 0-d and empty arrays take MXNet's own copy, equally
+    unwaited, under NumPy-shape semantics (_np_shape_copy)."""
     ctx = getattr(plan.device, "ctx", None)
     pushed = []   # the copy, where the engine makes it (not one made at once)
     out = _engine.copy_leaf(nd, plan, ctx, pushed)
@@ -108,38 +101,15 @@ def _unflatten_batch(aux, children):
     return new
 
 
-# Engine work pushed by deliveries, numbered; and the number reached when the
-# last engine_sync began: every op pushed up to it has run since. A
-# prefetcher's close runs the NDArray leaves' hook and its delivery's close:
-# the second finds the first covered its work and skips the wait.
-_pushed = 0
-_synced = 0
-
-
-def pushed():
-    """Engine work was pushed (a delivery): its number, for synced_since()."""
-    global _pushed
-    _pushed += 1
-    return _pushed
-
-
-def synced_since(number):
-    """An engine_sync that began after work ``number`` was pushed has returned."""
-    return _synced >= number
-
-
 def engine_sync():
     """Wait until the engine has run every pending op, frees included (a pool
     block behind a dropped NDArray goes back only when MXNet frees it, after
     the ops on it). Skipped on a thread MXNet created (a deleter that ran a
     finalizer): waiting for the engine there would wait for itself."""
-    global _synced
     _previous.clear()   # a prefetcher closed: hold no source arrays (a throttle only)
     if isinstance(threading.current_thread(), threading._DummyThread):
         return
-    reached = _pushed
     _engine.wait_all()
-    _synced = max(_synced, reached)
 
 
 register_leaf(mx.nd.NDArray, _copy_ndarray, close=engine_sync)
