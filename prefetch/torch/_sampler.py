@@ -1,11 +1,7 @@
-"""torch's sampler as the Loader's batch sampler, and the orders known ahead.
-
-torch's main process reads the sampler ``prefetch_factor * num_workers``
-batches ahead when an epoch begins, then one more for each batch handed out.
-``_Batches`` reads it there too, on the consumer's thread, so a sampler that
-draws from a generator (``RandomSampler`` draws when it starts and again when
-it is read to its end) draws when it would under torch, whatever the
-threads' timing.
+"""torch's sampler as the Loader's batch sampler (``_Batches``: read on the
+consumer's thread where torch's main process reads it, so a sampler that
+draws from a generator draws when it would under torch, whatever the
+threads' timing), and the orders known ahead.
 
 Where the sampler is one of torch's own whose order is a function of what
 can be read before the epoch (``SequentialSampler``; ``RandomSampler`` over
@@ -22,11 +18,9 @@ lists are a ``Cut`` (``_Early``): cut for torch's worker processes as any
 epoch's, its batches opened early handed out first, from the threads.
 
 torch's ``RandomSampler`` (without replacement) makes a list of every index
-for each permutation: 1.5 M indices are a 12 MB list of 1.5 M int objects,
-about 58 MiB, held while the epoch lasts, and another for the plan.
-``_Permutation`` reads it as torch does (the same draws from its generator
-at the same reads, the same indices) with the permutation kept a tensor
-(8 bytes an index), turned into ints a slice at a time.
+for each permutation (1.5 M indices: about 58 MiB of int objects, held
+while the epoch lasts, and another for the plan): ``_Permutation`` keeps
+the permutation a tensor (8 bytes an index) instead.
 """
 from __future__ import annotations
 
@@ -158,7 +152,8 @@ def _lean(sampler: Any) -> Any:
 class _Batches:
     """The index batches of a torch epoch, as the Loader's batch sampler.
 
-    The sampler is read on the consumer's thread (``read_to``): ``ahead``
+    The sampler is read on the consumer's thread (``read_to``), as torch's
+    main process reads it: ``ahead`` (``prefetch_factor * num_workers``)
     batches when the epoch begins, then one more for each batch handed out.
     The Loader's threads take the batches read; its bound on batches opened
     ahead of the consumer keeps them behind the reading. With a plan, the
