@@ -212,16 +212,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """The next ``iter(loader)`` continues where ``state`` (from
         ``state_dict()``) was taken; an iterator made before (persistent
         workers' included) goes on with its own epoch, as torchdata's
-        ``StatefulDataLoader``'s does. ValueError for a state that does not
-        fit this DataLoader (dataset length or kind, batch size, order:
-        the sampler's kind, shuffled or not; workers reading a stream, a
-        generator or sampler state refused, an edited or truncated one): the
-        DataLoader is then unchanged.
+        ``StatefulDataLoader``'s does.
 
         Raises
         ------
         ValueError, TypeError
-            As above.
+            For a state that does not fit this DataLoader (dataset length or
+            kind, batch size, order: the sampler's kind, shuffled or not;
+            workers reading a stream, a generator or sampler state refused, an
+            edited or truncated one): the DataLoader is then unchanged.
         prefetch.ClosedError
             Once the DataLoader is closed.
         """
@@ -308,18 +307,10 @@ class StatefulDataLoader(DataLoader[_T_co]):
     """torchdata's ``StatefulDataLoader`` (``torchdata.stateful_dataloader``)
     on threads: ``prefetch.torch.DataLoader`` with its one more argument,
     ``snapshot_every_n_steps`` (int >= 0 or None), accepted and checked. It
-    changes nothing: torchdata's workers send their state every that many
-    batches, and ``state_dict()`` between two such snapshots replays the
-    batches since; here each worker's state travels with each batch, so the
-    state is exact at every step.
-
-    Its ``load_state_dict`` loads what ``state_dict()`` of this class or of
-    ``prefetch.torch.DataLoader`` gave (the same format), not a checkpoint
-    torchdata's own class saved: that one raises ``ValueError`` naming it
-    (its workers' snapshots have no counterpart in threads). Nor does
-    torchdata's class load this one's state (its ``load_state_dict`` takes
-    it, and its next ``iter()`` fails on a missing key): a run moved between
-    the two resumes from the start of the checkpoint's epoch."""
+    changes nothing: here each worker's state travels with each batch, so the
+    state is exact at every step. Its states are ``prefetch.torch.DataLoader``'s
+    (one format); a checkpoint torchdata's own class saved is refused naming
+    it (docs/dropins.md: which checkpoints load)."""
 
     def __init__(self, *args: Any, snapshot_every_n_steps: int | None = 1, **kwargs: Any) -> None:
         if snapshot_every_n_steps is not None:

@@ -62,21 +62,6 @@ def decide(choice: Choice, loader: Any, stream: bool) -> bool:
     return choice.decide(why_not, say)
 
 
-def _torch_loader(loader: Any, rest: Optional[Iterator[Any]], iterator_rng: str) -> Any:
-    """A torch ``DataLoader`` (torch's own class, which ``patch()`` never
-    rebinds where torch defines it) that is ``loader`` with ``rest`` as its
-    sampler (None: an IterableDataset's, as it is) and a generator where
-    ``loader``'s was as its iterator drew the base seed (``iterator_rng``),
-    so torch's iterator draws the same seed."""
-    proxy = TorchDataLoader.__new__(TorchDataLoader)
-    fields = dict(vars(loader))
-    fields.update(generator=decode_generator(iterator_rng), _iterator=None)
-    if rest is not None:
-        fields["batch_sampler" if loader._auto_collation else "sampler"] = rest
-    vars(proxy).update(fields)   # not setattr: torch refuses to change these after __init__
-    return proxy
-
-
 class Workers:
     """torch's worker processes for one DataLoader iterator (persistent
     workers: across its epochs), reading the batches the threads left."""
@@ -92,7 +77,15 @@ class Workers:
         if batches is not None and not loader._auto_collation:
             batches = (keys[0] for keys in batches)   # batch_size=None: torch's sampler gives indices
         if self.it is None:
-            self.proxy = _torch_loader(loader, batches, self.iterator_rng)
+            # torch's own class (patch() never rebinds it where torch defines it) as
+            # ``loader`` with ``batches`` as its sampler (None: an IterableDataset's, as
+            # it is) and its generator where this iterator drew the base seed: torch's
+            # iterator draws the same seed. Not setattr: torch refuses to change these.
+            self.proxy = TorchDataLoader.__new__(TorchDataLoader)
+            fields = dict(vars(loader), generator=decode_generator(self.iterator_rng), _iterator=None)
+            if batches is not None:
+                fields["batch_sampler" if loader._auto_collation else "sampler"] = batches
+            vars(self.proxy).update(fields)
             self.it = _MultiProcessingDataLoaderIter(self.proxy)   # starts the workers, reads ahead
             return
         if batches is not None:

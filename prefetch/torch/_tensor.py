@@ -16,17 +16,12 @@ what the core cannot read as one block raises a TypeError naming it.
 
 Hand-over without a copy: when the core has proven that only the batch holds
 the tensor object, ``exclusive`` proves that only that object reaches its
-memory, and the tensor is handed out as is. A tensor's Python reference count
-says nothing about its storage, which other tensors (views, ``detach()``,
-``set_()``), numpy arrays (``.numpy()``, ``from_numpy``), DLPack exports or
-other processes (shared memory) may reach; ``exclusive`` asks torch about
-each (see there). A handed-over tensor is the source's object itself, as
-it was (type, layout, dtype), and only a plain contiguous CPU tensor without
-autograd state qualifies: what a copy of it would look like. What the proof
-cannot see: a C++ weak pointer to the storage
-(``torch.multiprocessing.reductions.StorageWeakRef``, which torch keeps for
-its shared-memory cache, whose storages are copied anyway, and in compiler
-internals); a source that revives a storage through one is not detected.
+memory (a tensor's reference count says nothing about its storage), and the
+tensor is handed out as is. What the proof cannot see: a C++ weak pointer to
+the storage (``torch.multiprocessing.reductions.StorageWeakRef``, which torch
+keeps for its shared-memory cache, whose storages are copied anyway, and in
+compiler internals); a source that revives a storage through one is not
+detected.
 
 Threading contract: ``copy_tensor`` and ``exclusive`` run on the thread that
 copies the batch (a Prefetcher's publisher thread, a Loader's threads) with

@@ -70,13 +70,9 @@ def get_worker_info() -> WorkerInfo | None:
 _COLLATE = "torch.utils.data._utils.collate"
 
 
-# torch's get_worker_info, under whatever name a loaded module holds it
-# (torch's own modules, and a user's or a library's ``from
-# torch.utils.data import get_worker_info`` run before this import),
-# replaced by the one above, which falls back to it. Modules imported later
-# read it from torch's modules, which hold this one by then.
-#
-# Rebinding the names is the one way that works: torch's function returns
+# torch's get_worker_info replaced under every name a loaded module holds it
+# by (modules imported later read it from torch's, which hold this one by
+# then). Rebinding the names is the one way that works: torch's function returns
 # its module's global ``_worker_info``, one value for the whole process,
 # read by a plain dictionary lookup that no object can make answer per
 # thread (and ``get_worker_info() is None`` cannot be answered by a proxy),
