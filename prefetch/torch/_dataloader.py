@@ -44,7 +44,6 @@ from prefetch._framework import (
     make_state,
     order_part,
     start_part,
-    stateful,
     try_state,
     warn_at_user,
 )
@@ -53,12 +52,13 @@ from prefetch.torch._device import PinnedHost
 from prefetch.torch._processes import STREAM_STATE, TorchEpoch, Workers, decide
 from prefetch.torch._sampler import (
     _Batches,
-    _generators,
     decode_generator,
     draw_seed,
     drawing_from,
     encode_generator,
+    loader_generator,
     sampler_part,
+    sampler_side,
 )
 from prefetch.torch._torch import torch
 from prefetch.torch._worker import get_worker_info, init_thread, stream_replica, thread_replica
@@ -191,7 +191,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _fresh_state(self) -> dict[str, Any]:
         """The state of a new iterator made now: its seed and epoch drawn from
         where the generator is (read through a copy: nothing is drawn)."""
-        generator = _generator(self)
+        generator = loader_generator(self)
         draw = generator.clone_state()
         seed = draw_seed(draw)
         sampler = streams = length = None
@@ -203,8 +203,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         else:
             length = len(self.dataset)
             # The epoch draws from the DataLoader's generator after the iterator's seed.
-            generators = [draw, *_generators(self._index_sampler, generator)[1:]]
-            sampler = sampler_part(generators, _stateful_samplers(self))
+            generators, samplers = sampler_side(self)
+            sampler = sampler_part([draw, *generators[1:]], samplers)
         return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=length, batch_size=self.batch_size,
                           order=_order(self), sampler=sampler, streams=streams, framework=_torch_part(generator))
 
@@ -350,30 +350,17 @@ def _order(loader: DataLoader) -> dict[str, Any]:
     return order_part(isinstance(loader.sampler, RandomSampler), loader.sampler, loader.batch_sampler)
 
 
-def _generator(loader: Any) -> Any:
-    """The generator the loader's order and seeds are drawn from: its own, else torch's global one."""
-    return loader.generator if loader.generator is not None else torch.default_generator
-
-
-def _stateful_samplers(loader: Any) -> list[Any]:
-    """The user's samplers with their own state (torchdata's ``Stateful``):
-    saved as an epoch begins, restored before a resumed epoch reads them.
-    Never the same object twice: torch refuses a sampler beside a batch sampler."""
-    return [s for s in (loader.batch_sampler, loader.sampler) if stateful(s)]
-
-
 def _check_sampler_part(part: Any, loader: Any) -> None:
     """ValueError unless ``part`` (a state's sampler side) fits ``loader``:
     one generator state per generator, each one torch accepts; one state per
     stateful sampler, each one that sampler accepts (tried on it, its own
     put back: the resumed epoch loads it as it begins)."""
     generators, samplers = part["generators"], part["samplers"]
-    expected = _generators(loader._index_sampler, _generator(loader))
+    expected, stateful = sampler_side(loader)
     if not isinstance(generators, list) or len(generators) != len(expected):
         raise ValueError(f"it has {len(generators)!r} generator states; this DataLoader draws from {len(expected)}")
     for text in generators:
         decode_generator(text)
-    stateful = _stateful_samplers(loader)
     if not isinstance(samplers, list) or len(samplers) != len(stateful):
         raise ValueError(f"it has states for {len(samplers)!r} sampler(s) with a state of their own; "
                          f"this DataLoader has {len(stateful)}")
@@ -409,7 +396,7 @@ class _ThreadIter:
         # Drawn as torch draws it, before the sampler runs: the same generator
         # state gives the same shuffle as torch's. A resumed state sets the
         # generator to where it was (torch's global one: see drawing_from).
-        generator = _generator(loader)
+        generator = loader_generator(loader)
         resume, loader._resume = loader._resume, None
         checked, loader._checked = loader._checked, None
         saved = None if resume is None else resume["framework"]["iterator_rng"]
@@ -441,8 +428,7 @@ class _ThreadIter:
             per_thread: Any = stream_replica if loader.num_workers > 0 else lambda dataset, worker_id: dataset
             batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last, collate=collate)
         else:
-            self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
-                                     ahead=self._ahead, stateful=_stateful_samplers(loader), choice=self._choice)
+            self._batches = _Batches(loader, ahead=self._ahead)
             # Each thread loads from a copy of its own, as each worker process (not with
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
