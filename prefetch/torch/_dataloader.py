@@ -120,21 +120,25 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     exactly as ``torch.utils.data.DataLoader``) or ``"auto"`` (the default:
     threads, until they measure that ``dataset[i]`` holds the GIL; torch's
     processes then load the rest of a map-style dataset, where they can, and
-    the warning says which). ValueError for any other value.
+    the warning says which; an ``IterableDataset`` and ``in_order=False``,
+    whose state names each batch handed out, stay on threads). ValueError for
+    any other value.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
       raised as the same object with its own traceback and a note naming the
       sample and the thread; after the dataset's or ``collate_fn``'s error,
-      ``next()`` goes on with the next batch, as torch's does;
+      ``next()`` goes on with the next batch, as torch's does (a stream's
+      worker that raised has ended); any other error ends the epoch;
     - a map-style dataset needs ``__len__``;
-    - ``timeout`` also applies with ``num_workers=0``; ``pin_memory`` pins on
-      the loader's publisher thread; ``multiprocessing_context`` is validated,
-      then ignored;
+    - ``timeout`` also applies with ``num_workers=0`` (torch's
+      ``RuntimeError``); ``pin_memory`` pins on the loader's publisher
+      thread; ``multiprocessing_context`` is validated, then ignored;
     - at most ``prefetch_factor * num_workers`` batches are loaded ahead
       (``prefetch_factor`` with ``num_workers=0``, where torch loads none);
-      with ``persistent_workers`` the next epoch's first batches load while
-      this one's last are consumed, where its order is known ahead;
+      ``persistent_workers`` keeps the threads (and a stream's replicas),
+      ``worker_init_fn`` running once, and the next epoch's first batches
+      load while this one's last are consumed, where its order is known ahead;
     - seeds are torch's (``base_seed + worker_id``, drawn as torch draws them,
       and the sampler read on the consumer's thread: the same seed gives
       torch's shuffle); the process-wide generators are shared by the
@@ -177,10 +181,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration is, as torchdata's ``StatefulDataLoader`` gives
         it: a small JSON-serialisable dict, exact at any moment (mid-epoch,
-        after a ``break``, after ``close()``). Give it to ``load_state_dict``
-        of a new DataLoader over the same data to continue with the batches an
-        uninterrupted run would have handed out next. What it holds and what
-        it does not restore: docs/dropins.md."""
+        with ``in_order=False`` too, after a ``break``, after ``close()``).
+        Give it to ``load_state_dict`` of a new DataLoader over the same data
+        to continue with the batches an uninterrupted run would have handed
+        out next. What it holds and what it does not restore: docs/dropins.md."""
         if self._resume is not None:
             return copy.deepcopy(self._resume)
         position = self._position
