@@ -417,9 +417,8 @@ class _ThreadIter:
         self._processes: TorchEpoch | None = None
         self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
         auto = loader._auto_collation
-        # torch's default_collate: the Loader's own collate gives the same batches,
-        # each sample copied once into its row (torch stacks a list, then copies
-        # again into shared memory); as_torch turns its numpy leaves into tensors.
+        # torch's default_collate: the Loader's own gives the same batches, each sample
+        # copied once (torch copies twice); as_torch turns its numpy leaves into tensors.
         self._convert = auto and loader.collate_fn is default_collate
         collate = None if self._convert else loader.collate_fn
         # One GIL notice per DataLoader, though each epoch without persistent workers

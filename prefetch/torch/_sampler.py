@@ -162,11 +162,9 @@ class _Batches:
 
     An epoch begins when the Loader iterates it (on the consumer's thread,
     inside ``iter(loader)``), after ``set_epoch`` has told it the Loader's
-    number for it. Its state is the sampler's side of the resume state as
-    that epoch begins: the generators its order is drawn from and the own
-    ``state_dict()`` of a user's sampler that has one (torchdata's
-    ``Stateful``). A resumed epoch restores them, reads the sampler from its
-    start, and the Loader drops the batches delivered before.
+    number for it. Its state is the ``sampler_side`` as that epoch begins: a
+    resumed epoch restores it, reads the sampler from its start, and the
+    Loader drops the batches delivered before.
     """
 
     def __init__(self, loader: Any, ahead: int) -> None:
