@@ -70,8 +70,8 @@ def get_worker_info() -> WorkerInfo | None:
 _COLLATE = "torch.utils.data._utils.collate"
 
 
-# torch's get_worker_info replaced under every name a loaded module holds it
-# by (modules imported later read it from torch's, which hold this one by
+# Every name a loaded module binds torch's get_worker_info to now holds the one
+# above (modules imported later read it from torch's, which hold this one by
 # then). Rebinding the names is the one way that works: torch's function returns
 # its module's global ``_worker_info``, one value for the whole process,
 # read by a plain dictionary lookup that no object can make answer per
