@@ -84,17 +84,13 @@ def as_torch(batch: Any) -> Any:
     arrays as tensors over the same memory, tuples as lists (torch's
     backwards compatibility); namedtuples, dicts, lists and strings kept.
 
-    Mappings keep their type as torch's do: a dict subclass (which the
-    Loader rebuilds as a node) through ``copy.copy(batch).update(...)``, or
-    its constructor when immutable, else a dict. Any other Mapping (a
-    ``UserDict``, a read-only ``Mapping``) is a leaf to the Loader, so its
-    column is the list of the samples' own objects: torch's default_collate
-    stacks that list here, on the consumer's thread. Sequences likewise: a
-    list subclass keeps its type (``copy.copy(batch)`` refilled, as torch),
-    a tuple subclass becomes a list, and any other Sequence (a ``range``) is
-    a leaf stacked by torch's default_collate. Inside a sequence, a column of
-    strings (or other objects) is a tuple, as torch's ``zip(*batch)`` gives
-    it; elsewhere a list."""
+    A dict or list subclass (which the Loader rebuilds as a node) keeps its
+    type as torch's do (``copy.copy(batch)`` refilled, or a Mapping's
+    constructor when immutable), a tuple subclass becomes a list; a column of
+    leaf collections (``_leaf_collection``) is stacked by torch's
+    default_collate here, on the consumer's thread. Inside a sequence, a
+    column of strings (or other objects) is a tuple, as torch's
+    ``zip(*batch)`` gives it; elsewhere a list."""
     t = type(batch)
     if t is np.ndarray:
         return torch.from_numpy(batch)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 import os
 import warnings
@@ -43,7 +44,6 @@ from prefetch._framework import (
     make_state,
     order_part,
     start_part,
-    stateful,
     try_state,
     warn_at_user,
 )
@@ -52,15 +52,16 @@ from prefetch.torch._device import PinnedHost
 from prefetch.torch._processes import STREAM_STATE, TorchEpoch, Workers, decide
 from prefetch.torch._sampler import (
     _Batches,
-    _generators,
     decode_generator,
     draw_seed,
     drawing_from,
     encode_generator,
+    loader_generator,
     sampler_part,
+    sampler_side,
 )
 from prefetch.torch._torch import torch
-from prefetch.torch._worker import InitThread, get_worker_info, stream_replica, thread_replica
+from prefetch.torch._worker import get_worker_info, init_thread, stream_replica, thread_replica
 
 __all__ = ["DataLoader", "StatefulDataLoader", "get_worker_info"]
 
@@ -102,84 +103,46 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """``torch.utils.data.DataLoader`` with the same signature, the same
     batches and the same errors for bad arguments, loading on threads:
     ``num_workers`` threads (0: one thread, with ``get_worker_info()`` None and
-    no ``worker_init_fn``, as torch's main-process loading).
+    no ``worker_init_fn``, as torch's main-process loading). docs/dropins.md
+    is the long form of what follows.
 
-    The dataset is not pickled: a dataset holding locks, open files,
-    generators, weak references or ``multiprocessing`` objects works, and
-    ``dataset[i]`` must allow being called by several threads at once. Each
-    worker thread loads from a shallow copy of its own (and of each torch
-    dataset inside it), as each worker process holds a copy: what
-    ``dataset[i]`` or ``worker_init_fn`` sets on it (a file opened on first
-    use) is that worker's, while the objects it refers to are shared; one
-    that cannot be copied is shared; with ``num_workers=0`` the thread loads
-    from the dataset itself. An ``IterableDataset`` is iterated once per
-    worker, from that worker's copy (a deep one where it can be made: a
-    stream's objects hold its position, as each worker process's own), by
-    that worker's thread alone (as by
-    one worker process: a connection opened in ``__iter__`` works); it
-    shards itself through ``torch.utils.data.get_worker_info()``, which
-    answers in these threads as in torch's worker processes (importing
-    ``prefetch.torch`` makes it ``prefetch.torch.get_worker_info``). One
-    that ignores it yields every sample ``num_workers`` times, as with
-    torch's processes.
+    The dataset is not pickled (one holding locks, open files or generators
+    works), and ``dataset[i]`` must allow being called by several threads at
+    once. Each worker thread loads from a shallow copy of its own, as each
+    worker process holds a copy (with ``num_workers=0``, from the dataset
+    itself). An ``IterableDataset`` is iterated once per worker, from that
+    worker's copy (a deep one where it can be made), by that worker's thread
+    alone; it shards itself through ``torch.utils.data.get_worker_info()``,
+    which answers in these threads as in torch's worker processes.
 
-    ``loading`` (keyword only, not torch's) fixes where this loader loads:
-    ``"threads"``, ``"processes"`` (torch's own iterator and worker
-    processes, ``num_workers >= 1`` of them, exactly as
-    ``torch.utils.data.DataLoader``: ``stats()`` then
-    counts the batches handed out, ``loading="processes"``; an
-    ``IterableDataset``'s ``state_dict()`` is then had between epochs only),
-    or ``"auto"`` (the default: threads, until they measure that
-    ``dataset[i]`` holds the GIL: torch's processes then load the rest of a
-    map-style dataset; an ``IterableDataset`` stays on threads, as its
-    workers' positions cannot move mid-epoch, and so does ``in_order=False``,
-    whose state names each batch handed out: the warning says why).
-    ValueError for any other value.
+    ``loading`` (keyword only, not torch's): ``"threads"``, ``"processes"``
+    (torch's own iterator and worker processes, ``num_workers >= 1`` of them,
+    exactly as ``torch.utils.data.DataLoader``) or ``"auto"`` (the default:
+    threads, until they measure that ``dataset[i]`` holds the GIL; torch's
+    processes then load the rest of a map-style dataset, where they can, and
+    the warning says which; an ``IterableDataset`` and ``in_order=False``,
+    whose state names each batch handed out, stay on threads). ValueError for
+    any other value.
 
     Differences from torch's:
     - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
       raised as the same object with its own traceback and a note naming the
-      sample (an IterableDataset's: the worker's batch) and the thread (torch
-      re-raises a copy with the worker's traceback as text); after the
-      dataset's or ``collate_fn``'s error, ``next()`` goes on with the next
-      batch, as torch's does (an IterableDataset's worker that raised has
-      ended); any other error ends the epoch;
-    - a map-style dataset needs ``__len__`` (its indices are passed to
-      ``dataset[...]`` as the sampler gives them, as torch does);
-    - ``timeout`` also applies with ``num_workers=0``; on expiry it raises
-      torch's ``RuntimeError('DataLoader timed out after N seconds')`` (from a
-      ``TimeoutError`` naming the batch waited for);
-    - ``pin_memory``: when an accelerator is available, the batches are
-      pinned on the loader's publisher thread (as on torch's pin-memory
-      thread); without one it warns as torch does and does nothing;
-    - ``prefetch_factor``: as in torch, at most ``prefetch_factor *
-      num_workers`` batches are loaded ahead of the consumer (with
-      ``num_workers=0``, ``prefetch_factor * 1``: torch loads none ahead then); ``in_order=False``: batches come out as they
-      complete; ``persistent_workers``: the threads (with an IterableDataset,
-      each worker's replica) are kept across epochs, and ``worker_init_fn``
-      runs once; the next epoch's first batches (at most ``prefetch_factor *
-      num_workers``) load while this one's last are consumed, where its
-      order is known ahead: torch's ``SequentialSampler``, or its
-      ``RandomSampler`` over a ``generator`` of the loader's own that nothing
-      else draws from between epochs (what was loaded early is dropped
-      otherwise; torch's global generator is never read ahead); persistent
-      workers keep their copies of the dataset, as torch's do;
-    - ``multiprocessing_context`` is validated as torch does and then ignored;
-      more workers than CPUs draw torch's warning, said of threads;
-    - seeds: each thread's ``get_worker_info().seed`` is torch's
-      ``base_seed + worker_id``, drawn from ``generator`` (or torch's global
-      generator) as torch draws it, so a shuffled order is the one torch gives
-      for the same seed; the sampler is read on the consumer's thread, as
-      torch's main process reads it (``prefetch_factor * num_workers`` batches
-      ahead; with ``num_workers=0``, ``prefetch_factor`` ahead where torch reads
-      none), so the generator's later draws do not depend on the threads'
-      timing; the process-wide ``random``/``torch``/``numpy``
-      generators are not reseeded per thread (they are shared): draw from
-      the thread's own ``get_worker_info().rng.numpy_generator`` (or
-      ``.random_generator``, ``.torch_generator``: ``rng`` holds three
-      generators and is none itself), or, in a map-style dataset,
-      ``prefetch.sample_rng()`` (seeded from torch's base seed: the same
-      torch seed gives the same draws, whichever thread loads the sample).
+      sample and the thread; after the dataset's or ``collate_fn``'s error,
+      ``next()`` goes on with the next batch, as torch's does (a stream's
+      worker that raised has ended); any other error ends the epoch;
+    - a map-style dataset needs ``__len__``;
+    - ``timeout`` also applies with ``num_workers=0`` (torch's
+      ``RuntimeError``); ``pin_memory`` pins on the loader's publisher
+      thread; ``multiprocessing_context`` is validated, then ignored;
+    - at most ``prefetch_factor * num_workers`` batches are loaded ahead
+      (``prefetch_factor`` with ``num_workers=0``, where torch loads none);
+      ``persistent_workers`` keeps the threads (and a stream's replicas),
+      ``worker_init_fn`` running once, and the next epoch's first batches
+      load while this one's last are consumed, where its order is known ahead;
+    - seeds are torch's (``base_seed + worker_id``, drawn as torch draws them,
+      and the sampler read on the consumer's thread: the same seed gives
+      torch's shuffle); the process-wide generators are shared by the
+      threads: draw from ``get_worker_info().rng`` or ``prefetch.sample_rng()``.
     ``close()`` (or ``with``) releases persistent threads at once; otherwise
     they go with the DataLoader.
     """
@@ -217,22 +180,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration is, as torchdata's ``StatefulDataLoader`` gives
-        it: a small JSON-serialisable dict, exact at any moment (before the
-        first batch, mid-epoch, after a ``break``, at an epoch's end, after
-        ``close()``): the batches handed out in the epoch (with
-        ``in_order=False``, exactly which), the generators' states its
-        order and seeds are drawn from, a sampler's own ``state_dict()``
-        where it has one, and for an ``IterableDataset`` each worker's
-        position as of the last batch handed out from it (its dataset's and
-        iterator's own ``state_dict()`` where they have one; else the count,
-        and a resumed worker reads that many batches again and drops them).
-        Save it beside a model's (``torch.save``) and give it to
-        ``load_state_dict`` of a new DataLoader over the same data to continue
-        with the batches an uninterrupted run would have handed out next.
-        Not restored: torch's process-wide generators as a dataset draws from
-        them (shared by the threads), and a sampler's draws from torch's
-        global generator other than as its epoch begins (``RandomSampler``
-        draws there only)."""
+        it: a small JSON-serialisable dict, exact at any moment (mid-epoch,
+        with ``in_order=False`` too, after a ``break``, after ``close()``).
+        Give it to ``load_state_dict`` of a new DataLoader over the same data
+        to continue with the batches an uninterrupted run would have handed
+        out next. What it holds and what it does not restore: docs/dropins.md."""
         if self._resume is not None:
             return copy.deepcopy(self._resume)
         position = self._position
@@ -243,7 +195,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _fresh_state(self) -> dict[str, Any]:
         """The state of a new iterator made now: its seed and epoch drawn from
         where the generator is (read through a copy: nothing is drawn)."""
-        generator = _generator(self)
+        generator = loader_generator(self)
         draw = generator.clone_state()
         seed = draw_seed(draw)
         sampler = streams = length = None
@@ -255,8 +207,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         else:
             length = len(self.dataset)
             # The epoch draws from the DataLoader's generator after the iterator's seed.
-            generators = [draw, *_generators(self._index_sampler, generator)[1:]]
-            sampler = sampler_part(generators, _stateful_samplers(self))
+            generators, samplers = sampler_side(self)
+            sampler = sampler_part([draw, *generators[1:]], samplers)
         return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=length, batch_size=self.batch_size,
                           order=_order(self), sampler=sampler, streams=streams, framework=_torch_part(generator))
 
@@ -264,16 +216,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """The next ``iter(loader)`` continues where ``state`` (from
         ``state_dict()``) was taken; an iterator made before (persistent
         workers' included) goes on with its own epoch, as torchdata's
-        ``StatefulDataLoader``'s does. ValueError for a state that does not
-        fit this DataLoader (dataset length or kind, batch size, order:
-        the sampler's kind, shuffled or not; workers reading a stream, a
-        generator or sampler state refused, an edited or truncated one): the
-        DataLoader is then unchanged.
+        ``StatefulDataLoader``'s does.
 
         Raises
         ------
         ValueError, TypeError
-            As above.
+            For a state that does not fit this DataLoader (dataset length or
+            kind, batch size, order: the sampler's kind, shuffled or not;
+            workers reading a stream, a generator or sampler state refused, an
+            edited or truncated one): the DataLoader is then unchanged.
         prefetch.ClosedError
             Once the DataLoader is closed.
         """
@@ -360,18 +311,10 @@ class StatefulDataLoader(DataLoader[_T_co]):
     """torchdata's ``StatefulDataLoader`` (``torchdata.stateful_dataloader``)
     on threads: ``prefetch.torch.DataLoader`` with its one more argument,
     ``snapshot_every_n_steps`` (int >= 0 or None), accepted and checked. It
-    changes nothing: torchdata's workers send their state every that many
-    batches, and ``state_dict()`` between two such snapshots replays the
-    batches since; here each worker's state travels with each batch, so the
-    state is exact at every step.
-
-    Its ``load_state_dict`` loads what ``state_dict()`` of this class or of
-    ``prefetch.torch.DataLoader`` gave (the same format), not a checkpoint
-    torchdata's own class saved: that one raises ``ValueError`` naming it
-    (its workers' snapshots have no counterpart in threads). Nor does
-    torchdata's class load this one's state (its ``load_state_dict`` takes
-    it, and its next ``iter()`` fails on a missing key): a run moved between
-    the two resumes from the start of the checkpoint's epoch."""
+    changes nothing: here each worker's state travels with each batch, so the
+    state is exact at every step. Its states are ``prefetch.torch.DataLoader``'s
+    (one format); a checkpoint torchdata's own class saved is refused naming
+    it (docs/dropins.md: which checkpoints load)."""
 
     def __init__(self, *args: Any, snapshot_every_n_steps: int | None = 1, **kwargs: Any) -> None:
         if snapshot_every_n_steps is not None:
@@ -411,30 +354,17 @@ def _order(loader: DataLoader) -> dict[str, Any]:
     return order_part(isinstance(loader.sampler, RandomSampler), loader.sampler, loader.batch_sampler)
 
 
-def _generator(loader: Any) -> Any:
-    """The generator the loader's order and seeds are drawn from: its own, else torch's global one."""
-    return loader.generator if loader.generator is not None else torch.default_generator
-
-
-def _stateful_samplers(loader: Any) -> list[Any]:
-    """The user's samplers with their own state (torchdata's ``Stateful``):
-    saved as an epoch begins, restored before a resumed epoch reads them.
-    Never the same object twice: torch refuses a sampler beside a batch sampler."""
-    return [s for s in (loader.batch_sampler, loader.sampler) if stateful(s)]
-
-
 def _check_sampler_part(part: Any, loader: Any) -> None:
     """ValueError unless ``part`` (a state's sampler side) fits ``loader``:
     one generator state per generator, each one torch accepts; one state per
     stateful sampler, each one that sampler accepts (tried on it, its own
     put back: the resumed epoch loads it as it begins)."""
     generators, samplers = part["generators"], part["samplers"]
-    expected = _generators(loader._index_sampler, _generator(loader))
+    expected, stateful = sampler_side(loader)
     if not isinstance(generators, list) or len(generators) != len(expected):
         raise ValueError(f"it has {len(generators)!r} generator states; this DataLoader draws from {len(expected)}")
     for text in generators:
         decode_generator(text)
-    stateful = _stateful_samplers(loader)
     if not isinstance(samplers, list) or len(samplers) != len(stateful):
         raise ValueError(f"it has states for {len(samplers)!r} sampler(s) with a state of their own; "
                          f"this DataLoader has {len(stateful)}")
@@ -470,7 +400,7 @@ class _ThreadIter:
         # Drawn as torch draws it, before the sampler runs: the same generator
         # state gives the same shuffle as torch's. A resumed state sets the
         # generator to where it was (torch's global one: see drawing_from).
-        generator = _generator(loader)
+        generator = loader_generator(loader)
         resume, loader._resume = loader._resume, None
         checked, loader._checked = loader._checked, None
         saved = None if resume is None else resume["framework"]["iterator_rng"]
@@ -482,13 +412,13 @@ class _ThreadIter:
         self._loader = weakref.ref(loader)   # read at a hand-over to torch's processes; not kept alive
         # torch's worker processes, once they load: they draw the base seed where this iterator drew it.
         self._workers = Workers(framework["iterator_rng"])
-        self._processes: TorchEpoch | None = None   # the epoch begun, once they load it
-        self._drained = False   # the threads handed out their part of the epoch begun: torch's workers go on
+        # The epoch begun, once they load it; once it is also self._epoch, the
+        # threads have handed out their part of it and torch's workers go on.
+        self._processes: TorchEpoch | None = None
         self._handed = 0   # batches of the epoch handed out (or failed), those before a resume too
         auto = loader._auto_collation
-        # torch's default_collate: the Loader's own collate gives the same batches,
-        # each sample copied once into its row (torch stacks a list, then copies
-        # again into shared memory); as_torch turns its numpy leaves into tensors.
+        # torch's default_collate: the Loader's own gives the same batches, each sample
+        # copied once (torch copies twice); as_torch turns its numpy leaves into tensors.
         self._convert = auto and loader.collate_fn is default_collate
         collate = None if self._convert else loader.collate_fn
         # One GIL notice per DataLoader, though each epoch without persistent workers
@@ -501,8 +431,7 @@ class _ThreadIter:
             per_thread: Any = stream_replica if loader.num_workers > 0 else lambda dataset, worker_id: dataset
             batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last, collate=collate)
         else:
-            self._batches = _Batches(self._index_sampler, single=not auto, generator=generator,
-                                     ahead=self._ahead, stateful=_stateful_samplers(loader), choice=self._choice)
+            self._batches = _Batches(loader, ahead=self._ahead)
             # Each thread loads from a copy of its own, as each worker process (not with
             # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
@@ -510,7 +439,7 @@ class _ThreadIter:
             batching = dict(batch_sampler=self._batches,
                             collate=collate if auto else lambda samples: collate(samples[0]))
         # None with num_workers=0: torch loads in its main process then, with no worker_init_fn.
-        init = InitThread(loader.worker_init_fn) if loader.num_workers else None
+        init = functools.partial(init_thread, loader.worker_init_fn) if loader.num_workers else None
         # torch's base_seed seeds prefetch.sample_rng(): the same torch seed, the same draws.
         # A batch's error is that batch's; the epoch goes on (torch's does).
         # Pinned on the publisher thread, as on torch's pin-memory thread;
@@ -553,10 +482,10 @@ class _ThreadIter:
         self._done = False
         self.position.spent = False
         self.position.source = self._source
-        self._processes, self._drained = None, False
+        self._processes = None
         if self._choice.processes and self._iterable:
             self._hand_over()   # torch's workers read the stream from its start
-            self._epoch, self._drained = self._processes, True
+            self._epoch = self._processes
             # The threads' Loader counts the epoch begun, as where it loads one itself.
             self._source.set_epoch(self._epoch.state["epoch"] + 1)
             return
@@ -577,7 +506,7 @@ class _ThreadIter:
             raise ClosedError("this DataLoader was closed during its epoch")
         if self._done:
             raise StopIteration
-        if self._drained:
+        if self._epoch is self._processes:
             return self._from_processes()
         if self._batches is not None:
             # torch reads one batch more for each it hands out: the one due now too.
@@ -592,7 +521,7 @@ class _ThreadIter:
             if self._closed:   # by another thread while this one waited
                 raise ClosedError("this DataLoader was closed during its epoch") from None
             if self._processes is not None:   # the threads' part is over: torch's workers go on
-                self._drained = True
+                self._epoch = self._processes
                 return self._from_processes()
             self.position.spent = not self._persistent
             self._end(close=not self._persistent)
@@ -653,7 +582,7 @@ class _ThreadIter:
             raise
         finally:
             self._handed = processes.handed
-        self._taken = self._yielded = self._handed
+        self._taken = self._handed
         return batch
 
     def _end(self, close: bool) -> None:

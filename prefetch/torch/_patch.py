@@ -1,26 +1,13 @@
 """``patch()``/``unpatch()``: code that builds torch's ``DataLoader`` (or
 torchdata's ``StatefulDataLoader``) builds the drop-in instead, for the
-libraries and scripts that make loaders themselves (Accelerate's
-``prepare()``, the Hugging Face ``Trainer``, Lightning's re-instantiation).
-
-The classes are replaced where torch (torchdata) exports them, and so is
-every module-level name bound to them under their own name in a module
-imported before the call (``from torch.utils.data import DataLoader`` at a
-library's import), so the order of imports does not matter. Two bindings
-are kept: the class in the module that defines it
-(``torch.utils.data.dataloader.DataLoader``), where pickle looks a class up
-by its name, so torch's loaders made before the patch still pickle; and a
-name of another spelling (``TorchDL = torch.utils.data.DataLoader``), a
-user's way to keep torch's class. ``original(name)`` gives torch's class at
-any time.
+libraries and scripts that make loaders themselves (docs/pytorch.md says
+which names are rebound and which are kept).
 
 What takes a class's place is a stand-in: a subclass of the drop-in made
 once per class and named here (``prefetch.torch._patch.DataLoader``), so it
-and its loaders pickle by name in any process. Calling it builds the
-drop-in, and ``isinstance``/``issubclass`` against the stand-in itself also
-answer for the class it replaced, so a library's ``isinstance(x,
-torch.utils.data.DataLoader)`` still recognises a loader made before the
-patch (Accelerate's ``prepare()`` checks so). A class derived from the
+and its loaders pickle by name in any process. ``isinstance``/``issubclass``
+against the stand-in itself also answer for the class it replaced (a loader
+made before the patch is still recognised); a class derived from the
 stand-in follows Python's rules, as any subclass.
 """
 from __future__ import annotations

@@ -1,36 +1,22 @@
 """``loading=``: where the torch drop-in's epochs load, and the
-hand-over to torch's own worker processes.
+hand-over to torch's own worker processes (docs/dropins.md says what the
+user sees).
 
-With ``loading="auto"`` (the default) an epoch starts on threads. Where the
-threads measure that ``dataset[i]`` holds the GIL (the core's gauge: its
-notice comes here through ``on_notice`` instead of being raised), they
-cannot load faster than one thread, and the worker processes of the
-``torch.utils.data.DataLoader`` this one replaces would. If those processes
-can run the dataset (the start method is ``fork``, or the dataset,
-``collate_fn`` and ``worker_init_fn`` pickle), the batches the threads have
-not opened go to torch's own ``_MultiProcessingDataLoaderIter``, built over
-a torch ``DataLoader`` that is the user's with its sampler replaced by those
-batches and its generator set to give the epoch's base seed: the same
-samples, order, batches, ``worker_init_fn``, ``collate_fn``, seeds
-(``base_seed + worker_id``), pinning and timeout as torch's. Every later
-epoch loads there from its start. One warning says so, with the measured
-figure; ``stats().loading`` says ``"processes"``. Where they cannot, the
-loader stays on threads and the warning says why.
-
-The hand-over is mid-epoch, at the verdict (within about 0.3 s of loading):
-on a GIL-bound dataset the threads load at about the speed of one, so an
-epoch finished on them costs the whole epoch at a fraction of torch's speed
-(a text dataset measured: 0.59 x), which a run of a few epochs never wins
-back; starting torch's workers costs a fork each. Batches the threads opened
-are finished by them and handed out first, while torch's workers start:
-nothing is loaded twice or skipped. An epoch whose batches were all opened
-ends on threads, and the next one starts in processes (with the batches
-persistent workers opened early for it, from the threads).
-
-An ``IterableDataset`` is not cut: each worker's position in the stream is
-its thread's. With ``loading="processes"`` torch's workers read it from
-each epoch's start, as torch's loader does; with ``"auto"`` it stays on
-threads and the warning says why.
+Where the threads measure that ``dataset[i]`` holds the GIL (the core's
+notice, passed here through ``on_notice``), the batches they have not opened
+go to torch's own ``_MultiProcessingDataLoaderIter``, over a torch
+``DataLoader`` that is the user's with its sampler replaced by those batches
+and its generator set to give the epoch's base seed: the same samples,
+order, seeds (``base_seed + worker_id``), ``worker_init_fn``,
+``collate_fn``, pinning and timeout as torch's. The batches the threads
+opened are finished by them and handed out first; every later epoch loads
+there from its start (where every batch was opened, the next epoch is the
+first there). The hand-over is mid-epoch, at the verdict: on a GIL-bound
+dataset an epoch finished on threads costs the whole epoch at a fraction of
+torch's speed (a text dataset measured: 0.59 x), which a run of a few
+epochs never wins back. An ``IterableDataset`` is not cut (each worker's
+position in the stream is its thread's): with ``loading="processes"``
+torch's workers read it from each epoch's start.
 """
 from __future__ import annotations
 
@@ -76,23 +62,6 @@ def decide(choice: Choice, loader: Any, stream: bool) -> bool:
     return choice.decide(why_not, say)
 
 
-def _torch_loader(loader: Any, rest: Optional[Iterator[Any]], iterator_rng: str) -> Any:
-    """A torch ``DataLoader`` that is ``loader`` (every attribute torch's
-    iterator reads: dataset, collate_fn, worker_init_fn, multiprocessing
-    context, prefetch_factor, pin_memory, timeout, persistent_workers) with
-    ``rest`` as its sampler (None: an IterableDataset's, as it is) and a
-    generator set to where ``loader``'s was as its iterator drew the base
-    seed (``iterator_rng``), so torch's iterator draws the same seed.
-    torch's own class, which ``patch()`` never rebinds where torch defines it."""
-    proxy = TorchDataLoader.__new__(TorchDataLoader)
-    fields = dict(vars(loader))
-    fields.update(generator=decode_generator(iterator_rng), _iterator=None)
-    if rest is not None:
-        fields["batch_sampler" if loader._auto_collation else "sampler"] = rest
-    vars(proxy).update(fields)   # not setattr: torch refuses to change these after __init__
-    return proxy
-
-
 class Workers:
     """torch's worker processes for one DataLoader iterator (persistent
     workers: across its epochs), reading the batches the threads left."""
@@ -108,7 +77,15 @@ class Workers:
         if batches is not None and not loader._auto_collation:
             batches = (keys[0] for keys in batches)   # batch_size=None: torch's sampler gives indices
         if self.it is None:
-            self.proxy = _torch_loader(loader, batches, self.iterator_rng)
+            # torch's own class (patch() never rebinds it where torch defines it) as
+            # ``loader`` with ``batches`` as its sampler (None: an IterableDataset's, as
+            # it is) and its generator where this iterator drew the base seed: torch's
+            # iterator draws the same seed. Not setattr: torch refuses to change these.
+            self.proxy = TorchDataLoader.__new__(TorchDataLoader)
+            fields = dict(vars(loader), generator=decode_generator(self.iterator_rng), _iterator=None)
+            if batches is not None:
+                fields["batch_sampler" if loader._auto_collation else "sampler"] = batches
+            vars(self.proxy).update(fields)
             self.it = _MultiProcessingDataLoaderIter(self.proxy)   # starts the workers, reads ahead
             return
         if batches is not None:

@@ -1,11 +1,7 @@
-"""torch's sampler as the Loader's batch sampler, and the orders known ahead.
-
-torch's main process reads the sampler ``prefetch_factor * num_workers``
-batches ahead when an epoch begins, then one more for each batch handed out.
-``_Batches`` reads it there too, on the consumer's thread, so a sampler that
-draws from a generator (``RandomSampler`` draws when it starts and again when
-it is read to its end) draws when it would under torch, whatever the
-threads' timing.
+"""torch's sampler as the Loader's batch sampler (``_Batches``: read on the
+consumer's thread where torch's main process reads it, so a sampler that
+draws from a generator draws when it would under torch, whatever the
+threads' timing), and the orders known ahead.
 
 Where the sampler is one of torch's own whose order is a function of what
 can be read before the epoch (``SequentialSampler``; ``RandomSampler`` over
@@ -22,11 +18,9 @@ lists are a ``Cut`` (``_Early``): cut for torch's worker processes as any
 epoch's, its batches opened early handed out first, from the threads.
 
 torch's ``RandomSampler`` (without replacement) makes a list of every index
-for each permutation: 1.5 M indices are a 12 MB list of 1.5 M int objects,
-about 58 MiB, held while the epoch lasts, and another for the plan.
-``_Permutation`` reads it as torch does (the same draws from its generator
-at the same reads, the same indices) with the permutation kept a tensor
-(8 bytes an index), turned into ints a slice at a time.
+for each permutation (1.5 M indices: about 58 MiB of int objects, held
+while the epoch lasts, and another for the plan): ``_Permutation`` keeps
+the permutation a tensor (8 bytes an index) instead.
 """
 from __future__ import annotations
 
@@ -40,7 +34,7 @@ from typing import Any, NamedTuple, Optional
 
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from prefetch._framework import Cut, ints
+from prefetch._framework import Cut, ints, stateful
 from prefetch.torch._torch import torch
 
 
@@ -158,7 +152,8 @@ def _lean(sampler: Any) -> Any:
 class _Batches:
     """The index batches of a torch epoch, as the Loader's batch sampler.
 
-    The sampler is read on the consumer's thread (``read_to``): ``ahead``
+    The sampler is read on the consumer's thread (``read_to``), as torch's
+    main process reads it: ``ahead`` (``prefetch_factor * num_workers``)
     batches when the epoch begins, then one more for each batch handed out.
     The Loader's threads take the batches read; its bound on batches opened
     ahead of the consumer keeps them behind the reading. With a plan, the
@@ -167,26 +162,23 @@ class _Batches:
 
     An epoch begins when the Loader iterates it (on the consumer's thread,
     inside ``iter(loader)``), after ``set_epoch`` has told it the Loader's
-    number for it. Its state is the sampler's side of the resume state as
-    that epoch begins: the generators its order is drawn from and the own
-    ``state_dict()`` of a user's sampler that has one (torchdata's
-    ``Stateful``). A resumed epoch restores them, reads the sampler from its
-    start, and the Loader drops the batches delivered before.
+    number for it. Its state is the ``sampler_side`` as that epoch begins: a
+    resumed epoch restores it, reads the sampler from its start, and the
+    Loader drops the batches delivered before.
     """
 
-    def __init__(self, sampler: Any, single: bool, generator: Any, ahead: int, stateful: list[Any], choice: Any) -> None:
-        self.sampler = sampler
-        self.single = single          # batch_size=None: each index is a batch of its own
+    def __init__(self, loader: Any, ahead: int) -> None:
+        self.sampler = loader._index_sampler
+        self.single = not loader._auto_collation   # batch_size=None: each index is a batch of its own
         self.ahead = ahead            # batches torch reads as an epoch begins
         self.lock = threading.Lock()  # the Loader's threads take; the consumer reads and hands out
         self.plan: Optional[_Plan] = None        # the epoch's, where its order is known ahead
         self._next: Optional[_Early] = None      # the next epoch's, once asked for
-        self.generators = _generators(sampler, generator)
-        self.stateful = stateful      # the user's samplers with state_dict()/load_state_dict()
+        self.generators, self.stateful = sampler_side(loader)
         self.pending: Optional[dict[str, Any]] = None   # a state loaded: the next epoch begins there
         self.dropped = 0              # batches of the next epoch the Loader drops (a resume)
         self.number = 0               # the Loader's number for the next epoch
-        self.choice = choice          # its DataLoader's: where the epochs that begin load (_processes.py)
+        self.choice = loader._choice  # where the epochs that begin load (_processes.py)
         self.adopted: Optional[_Early] = None   # the epoch begun, where it is the one opened early
         self.cut: Cut   # what the threads take of the epoch begun (set as it begins, before any cut)
         # torch makes an iterator of the sampler when its DataLoader iterator is
@@ -332,18 +324,26 @@ class _Batches:
         return len(self.sampler)
 
 
-def _generators(index_sampler: Any, generator: Any) -> list[Any]:
-    """The generators an epoch's order is drawn from: the DataLoader's (or
-    torch's global one), then each CPU generator a sampler holds of its own
-    (``generator=`` of torch's ``RandomSampler``, ``WeightedRandomSampler``,
-    ``SubsetRandomSampler``, or of a user's sampler), the batch sampler's
-    and the sampler's inside it."""
-    found = [generator]
-    for sampler in (index_sampler, getattr(index_sampler, "sampler", None)):
+def loader_generator(loader: Any) -> Any:
+    """The generator a DataLoader's order and seeds are drawn from: its own, else torch's global one."""
+    return loader.generator if loader.generator is not None else torch.default_generator
+
+
+def sampler_side(loader: Any) -> tuple[list[Any], list[Any]]:
+    """What a DataLoader's epoch order is drawn from, saved as an epoch begins
+    and restored before a resumed epoch reads its sampler: the generators
+    (``loader_generator``'s, then each CPU generator the batch sampler or the
+    sampler inside it holds of its own: ``generator=`` of torch's
+    ``RandomSampler``, ``WeightedRandomSampler``, ``SubsetRandomSampler``, or
+    of a user's sampler), and the user's samplers with a state of their own
+    (torchdata's ``Stateful``; never the same object twice: torch refuses a
+    sampler beside a batch sampler)."""
+    generators = [loader_generator(loader)]
+    for sampler in (loader._index_sampler, getattr(loader._index_sampler, "sampler", None)):
         own = getattr(sampler, "generator", None)
-        if isinstance(own, torch.Generator) and own.device.type == "cpu" and all(own is not g for g in found):
-            found.append(own)
-    return found
+        if isinstance(own, torch.Generator) and own.device.type == "cpu" and all(own is not g for g in generators):
+            generators.append(own)
+    return generators, [s for s in (loader.batch_sampler, loader.sampler) if stateful(s)]
 
 
 @contextlib.contextmanager

@@ -7,36 +7,21 @@ the tensor. A plain contiguous tensor is read from its address
 (``plan.array_at``, its storage kept alive until the memcpy ran); any other
 is seen as a numpy array first (``.numpy()``, no copy) for ``plan.array``.
 
-What comes out of a copy (the README says the same):
-- a plain ``torch.Tensor`` with the input's shape, dtype and values, its own
-  storage, ``requires_grad=False`` and no ``grad_fn`` (copied by value, as
-  ``t.detach().clone()``); a ``torch.nn.Parameter`` (or ``Buffer``) comes out
-  as such a plain tensor;
-- C-contiguous (``torch.contiguous_format``), except a ``channels_last``
-  (``channels_last_3d``) input, which keeps its layout: it is a permuted
-  contiguous tensor, so it is copied as one memcpy and permuted back;
-- a tensor subclass without its own ``__torch_dispatch__`` (plain Python
-  subclasses such as torchvision's tv_tensors) keeps its type and its
-  ``__dict__``, walked like a batch (``plan.copy_state``): tensors and arrays
-  in it, nested in containers too, are copied, never shared with the source;
-  wrapper subclasses are refused;
-- a CUDA tensor is cloned on its device (stream-ordered, like ``clone()``).
-Sparse, quantized, nested, meta and other-device tensors raise a TypeError
-naming what they are: the core cannot read their memory as one block.
+What comes out of a copy is docs/pytorch.md's list: a plain ``torch.Tensor``
+copied by value (as ``t.detach().clone()``), C-contiguous but for a
+``channels_last`` input (a permuted contiguous tensor: one memcpy, permuted
+back); a plain Python subclass keeps its type and its ``__dict__``, walked
+like a batch (``plan.copy_state``); a CUDA tensor is cloned on its device;
+what the core cannot read as one block raises a TypeError naming it.
 
 Hand-over without a copy: when the core has proven that only the batch holds
 the tensor object, ``exclusive`` proves that only that object reaches its
-memory, and the tensor is handed out as is. A tensor's Python reference count
-says nothing about its storage, which other tensors (views, ``detach()``,
-``set_()``), numpy arrays (``.numpy()``, ``from_numpy``), DLPack exports or
-other processes (shared memory) may reach; ``exclusive`` asks torch about
-each (see there). A handed-over tensor is the source's object itself, as
-it was (type, layout, dtype), and only a plain contiguous CPU tensor without
-autograd state qualifies: what a copy of it would look like. What the proof
-cannot see: a C++ weak pointer to the storage
-(``torch.multiprocessing.reductions.StorageWeakRef``, which torch keeps for
-its shared-memory cache, whose storages are copied anyway, and in compiler
-internals); a source that revives a storage through one is not detected.
+memory (a tensor's reference count says nothing about its storage), and the
+tensor is handed out as is. What the proof cannot see: a C++ weak pointer to
+the storage (``torch.multiprocessing.reductions.StorageWeakRef``, which torch
+keeps for its shared-memory cache, whose storages are copied anyway, and in
+compiler internals); a source that revives a storage through one is not
+detected.
 
 Threading contract: ``copy_tensor`` and ``exclusive`` run on the thread that
 copies the batch (a Prefetcher's publisher thread, a Loader's threads) with

@@ -4,7 +4,7 @@
 ``torch.utils.data.get_worker_info()`` gives a worker process, read from
 prefetch's own ``worker_info()`` of the thread. For a
 map-style dataset ``thread_replica``, for an IterableDataset ``stream_replica``
-(the Loader's per_thread), then ``InitThread`` (its worker_init), run on each
+(the Loader's per_thread), then ``init_thread`` (its worker_init), run on each
 loader thread as it starts.
 """
 from __future__ import annotations
@@ -70,13 +70,9 @@ def get_worker_info() -> WorkerInfo | None:
 _COLLATE = "torch.utils.data._utils.collate"
 
 
-# torch's get_worker_info, under whatever name a loaded module holds it
-# (torch's own modules, and a user's or a library's ``from
-# torch.utils.data import get_worker_info`` run before this import),
-# replaced by the one above, which falls back to it. Modules imported later
-# read it from torch's modules, which hold this one by then.
-#
-# Rebinding the names is the one way that works: torch's function returns
+# Every name a loaded module binds torch's get_worker_info to now holds the one
+# above (modules imported later read it from torch's, which hold this one by
+# then). Rebinding the names is the one way that works: torch's function returns
 # its module's global ``_worker_info``, one value for the whole process,
 # read by a plain dictionary lookup that no object can make answer per
 # thread (and ``get_worker_info() is None`` cannot be answered by a proxy),
@@ -87,11 +83,10 @@ for _module, _name, _ in module_bindings(_torch_get_worker_info):
 
 class _ThreadRNG(_RNG):
     """torch's per-worker generators of one loader thread, each made when
-    first read, seeded as torch seeds a thread worker's. Made up front they
-    cost memory a dataset that never draws from them pays for nothing: the
-    process's first numpy Generator about 1.2 MiB (numpy's one-time set-up),
-    torch's first draw about 0.5 MiB: some 2 MiB the torch drop-in would hold
-    beyond the Loader over the same dataset."""
+    first read, seeded as torch seeds a thread worker's: made up front they
+    cost memory (the process's first numpy Generator about 1.2 MiB, torch's
+    first draw about 0.5 MiB) a dataset that never draws from them would
+    pay for nothing."""
 
     def __init__(self, worker_id: int, base_seed: int) -> None:  # not the dataclass's: nothing made yet
         # torch's _RNG is frozen and slotted: this subclass's own __dict__ holds
@@ -123,16 +118,12 @@ def thread_replica(dataset: Any, worker_id: int) -> Any:
 stream_replica = functools.partial(stream_copy, kinds=DATASETS)
 
 
-class InitThread:
-    """A Loader's worker_init where num_workers > 0: torch's generators for
-    the thread (what makes ``get_worker_info()`` answer there), then the
-    user's ``worker_init_fn(worker_id)``."""
-
-    def __init__(self, worker_init_fn: Any) -> None:
-        self.worker_init_fn = worker_init_fn
-
-    def __call__(self, worker_id: int) -> None:
-        own = prefetch_worker_info()
-        _local.rng = _ThreadRNG(own.id, own.seed)
-        if self.worker_init_fn is not None:
-            self.worker_init_fn(worker_id)
+def init_thread(worker_init_fn: Any, worker_id: int) -> None:
+    """A Loader's worker_init where num_workers > 0 (``worker_init_fn``
+    bound): torch's generators for the thread (what makes
+    ``get_worker_info()`` answer there), then the user's
+    ``worker_init_fn(worker_id)``."""
+    own = prefetch_worker_info()
+    _local.rng = _ThreadRNG(own.id, own.seed)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
