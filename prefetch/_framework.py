@@ -1,23 +1,13 @@
-"""The one seam a framework's drop-in (an adapter folder of
-the package) stands on: everything a drop-in may use of the core is exported
-here (``__all__``; the compiled parts a drop-in's Cython cimports, in
-``_framework.pxd``), and a drop-in imports nothing else of the core
-(tests/core/test_framework_seam.py). What the drop-ins share is here too,
-so each fix lands once. A drop-in translates its framework's arguments, supplies the
-framework's sampler and worker idioms and its state's framework parts;
-everything else is the Loader's. It reads no private attribute of the
-Loader's objects: what it needs is declared here or on the epoch iterator
-(``failed_batches``, ``running``, ``stop()``).
-
-A drop-in reads its framework's sampler where the framework reads it and
-gives the Loader the epoch's index lists as its ``batch_sampler``. The
-Loader passes each index to ``dataset[...]`` as the framework does, whatever
-it is (a list for bulk loading, a numpy integer, a key of the dataset's
-own): the dataset raises for a bad one, as under the framework's loader.
-Where that batch sampler knows an epoch's order before it starts
-(``order(epoch)``, a plan with ``batches()``), the next epoch's first
-batches load while this one's last are consumed. A ``GILBoundWarning``
-points to the framework's own process loader.
+"""The one seam a framework's drop-in (an adapter folder of the package)
+stands on: everything a drop-in may use of the core is exported here
+(``__all__``; the compiled parts its Cython cimports, in ``_framework.pxd``),
+and it imports nothing else of the core (tests/core/test_framework_seam.py).
+A drop-in translates its framework's arguments and supplies the framework's
+sampler and worker idioms and its state's framework parts; it reads no
+private attribute of the Loader's objects, only what is declared here or on
+the epoch iterator (``failed_batches``, ``running``, ``stop()``). It gives the
+Loader the epoch's index lists as its ``batch_sampler``, each index passed to
+``dataset[...]`` as the framework passes it (the dataset raises for a bad one).
 """
 from __future__ import annotations
 

@@ -6,13 +6,11 @@ this module: a framework adapter (a subpackage such as ``prefetch/<name>/``) or 
 registers a leaf type (how to copy it), a container type (how to take it apart
 and rebuild it) or a device type (how to deliver leaves to it).
 
-Adapters are found without the core naming them: each declares an entry point
-in the group ``prefetch.adapters`` whose name is the top-level module of the
-framework's types and whose value is the adapter module (an adapter folder of
-this package also names its framework in a ``FRAMEWORK = "..."`` line, read
-where the installed metadata is missing). The first time a batch holds an
-unregistered object from such a module, or ``device=`` is such an object, the
-adapter module is imported, and importing it registers its types.
+Adapters are found without the core naming them, by their entry points in the
+group ``prefetch.adapters`` (or an adapter folder's ``FRAMEWORK = "..."`` line:
+docs/adapters.md). The first time a batch holds an unregistered object of a
+declared framework's module, or ``device=`` is one, its adapter is imported,
+which registers its types.
 
 Threads, all with the GIL held: ``copy`` and ``flatten`` run on the thread that copies a batch (a
 Prefetcher's publisher thread, or a Loader's loader thread), ``unflatten``, ``Delivery.deliver`` and

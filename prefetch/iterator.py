@@ -53,20 +53,13 @@ class Prefetcher(_Lifecycle, Generic[T]):
     name : str or None
         Shown in ``repr``, errors and the worker thread's name.
     copy : {"auto", "always"}, default "auto"
-        ``"auto"``: an array leaf that only the prefetcher can reach is handed
-        over as is, without a copy: an exact ``numpy.ndarray`` that owns its
-        memory (allocated by numpy, no base), is C-contiguous, aligned and
-        writeable, holds no object references, has no weak reference and never
-        exported a buffer, and that the source no longer references, directly
-        or through the tuples, lists and dicts it sits in; so is a registered
-        leaf whose adapter's ``exclusive`` hook proves the same. Typically a
-        batch the source built afresh (``yield np.stack(samples)``). Every
-        other array leaf is copied into pooled memory. A raw address holds no
-        reference: a source that keeps one (``a.ctypes.data``, a copy of
-        ``a.__array_interface__``, an asynchronous C reader's pointer) and
-        writes there later would change a handed-over batch, and no check can
-        see that; give such a source ``copy="always"``.
-        ``"always"``: copy every array leaf into pooled memory.
+        ``"auto"``: an array leaf that only the prefetcher can reach (typically
+        a batch the source built afresh, ``yield np.stack(samples)``; the exact
+        rules: docs/prefetcher.md, "Copies and hand-over") is handed over as
+        is, every other one copied into pooled memory. A source that keeps a
+        raw address into an array it yields (``a.ctypes.data``, a C reader's
+        pointer) and writes there later needs ``"always"``: every array leaf
+        copied.
 
     Raises
     ------

@@ -330,12 +330,11 @@ class Loader(_Threaded, Generic[T]):
         Drop the last batch when it is smaller than ``batch_size``.
     workers : int or "auto", default "auto"
         Threads calling ``dataset[i]``. "auto" starts with one and doubles
-        them while the consumer waits for batches and a measured gain
-        follows, up to the CPUs this process may use, or beyond while those
-        stay idle (samples waiting on I/O); fewer when more do not help (a
-        dataset that holds the GIL). ``stats().workers`` shows the count,
-        ``stats().tune_reason`` why it stopped growing. Where the threads
-        take turns on the GIL, a ``prefetch.GILBoundWarning`` says so, once.
+        them while the consumer waits and that is measured faster, past the
+        CPUs only while they stay idle (I/O), fewer where more do not help;
+        ``stats().workers`` shows the count, ``stats().tune_reason`` why it
+        stopped growing. Where the threads take turns on the GIL, a
+        ``prefetch.GILBoundWarning`` says so, once.
     collate : callable(list of samples) -> batch, optional
         Replaces the default collate; runs on a loader thread, and its result
         is handed out like a ``Prefetcher`` batch (copied unless only it holds
@@ -350,25 +349,12 @@ class Loader(_Threaded, Generic[T]):
     epoch : int, default 0
         The number of the first epoch (see ``set_epoch``).
 
-    Without a ``sampler`` or ``batch_sampler`` the loader knows each epoch's
-    order before it starts, and from the second epoch on its threads load the
-    next epoch's first batches while the current epoch's last ones are
-    consumed (within ``depth`` and ``max_bytes``), so ``iter(loader)`` hands
-    them out at once; ``set_epoch`` to another epoch, ``load_state_dict`` and
-    ``close`` throw them away.
-
-    Resuming a run: ``state_dict()`` is a small JSON-serialisable dict saying
-    where the loader is (its seed, the epoch, which batches of it were
-    delivered); ``load_state_dict(state)`` on a new loader over the same data
-    makes the next ``iter(loader)`` deliver exactly the batches that an
-    uninterrupted run would have delivered next, with the same values,
-    order and ``sample_rng()`` streams. The order is given again by the
-    sampler (the loader's own shuffle depends on ``seed`` and the epoch
-    alone) and the batches already delivered are read and dropped, so a
-    custom sampler must give the same order again: one with
-    ``state_dict()``/``load_state_dict()`` has its state at the epoch's start
-    saved and restored; one without them must be deterministic for its
-    epoch (``set_epoch``).
+    Without a ``sampler`` or ``batch_sampler``, from the second epoch on, the
+    next epoch's first batches load while this one's last are consumed
+    (docs/loader.md, "Epochs"). ``state_dict()`` and ``load_state_dict()``
+    resume a run exactly (docs/loader.md, "Resuming a run"): a custom sampler
+    must give the same order again, through its own ``state_dict()`` and
+    ``load_state_dict()`` or by being deterministic for its epoch.
 
     Raises
     ------
@@ -455,11 +441,8 @@ class Loader(_Threaded, Generic[T]):
             self._epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: a small JSON-serialisable dict (format and
-        version, seed, epoch, the batches of that epoch delivered so far, the
-        dataset's length, the batch size, the sampler's own ``state_dict()``
-        at the epoch's start where it has one; for an iterable dataset, each
-        worker's part instead of a length). Taken at any moment, from any
+        """Where the loader is: a small JSON-serialisable dict (its fields:
+        docs/loader.md, "Resuming a run"), taken at any moment, from any
         thread, without pausing the loader threads; batches loaded ahead and
         not yet delivered are not counted. Once an epoch has ended, the state
         is the next epoch's start."""
