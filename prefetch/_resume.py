@@ -18,14 +18,7 @@ if TYPE_CHECKING:
 
 STATE_FORMAT = "prefetch.Loader"
 STATE_VERSION = 3
-# "batches": the batches of "epoch" delivered (in every part that counts them).
-# "batch_size": the samples per batch the user asked for (None: each sample its own).
-# "order": what decides the epoch's order besides the seed, the epoch and the
-# sampler's own state (order_part). "sampler": the sampler's own state, or the
-# drop-in's sampler side (the generators its order is drawn from).
-# "streams": None for a map-style dataset; for an iterable dataset (a
-# stream), each worker's part and the worker whose batch is due next.
-# "framework": None for the Loader; a drop-in's parts, under its framework's name.
+# The fields, the Loader's and every drop-in's: docs/loader.md, "Resuming a run".
 _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", "dataset_length",
                "batch_size", "order", "sampler", "streams", "framework")
 _ORDER_KEYS = ("shuffle", "sampler", "batch_sampler")
@@ -283,12 +276,9 @@ def _owner(framework: Optional[str]) -> str:
 
 class Position:
     """A Loader's resume state, its one owner: the epoch started last (its
-    ``record``) and a loaded state the next epoch continues (``resume``);
-    what ``state_dict()`` says of them, the check of a state loaded, and the
-    sampler's and a stream's workers' parts as an epoch begins. The loader
-    gives it the epoch and seed where they are needed, under its epoch lock;
-    it holds no reference to the loader, which its threads must not keep
-    alive."""
+    ``record``) and a loaded state the next epoch continues (``resume``).
+    Given the epoch and seed under the loader's epoch lock, it holds no
+    reference to the loader, which its threads must not keep alive."""
 
     __slots__ = ("dataset", "batch_size", "order", "sampler", "streams", "framework", "ordered", "record",
                  "resume")

@@ -105,7 +105,7 @@ class _Epoch(_Iterator, Generic[T]):
 
     _core: _Core   # made with its epoch's core, which it keeps
 
-    def __init__(self, core: _Core, timeout: Optional[float], loader: "_Threaded") -> None:
+    def __init__(self, core: _Core, timeout: Optional[float], loader: "_Threaded[Any]") -> None:
         self._core = core
         self._timeout = timeout
         # Keeps the loader (and so its threads) alive while its epoch is
@@ -142,7 +142,7 @@ class _Epoch(_Iterator, Generic[T]):
         def __iter__(self) -> "_Epoch[T]": ...
 
 
-class _Threaded(_Lifecycle):
+class _Threaded(_Lifecycle, Generic[T]):
     """What Loader and map share: a _MapStage whose threads outlive the
     epochs, and a _Core per epoch that publishes its batches."""
 
@@ -280,8 +280,11 @@ class _Threaded(_Lifecycle):
         return (f"<{type(self).__name__} name={self._name!r} workers={self._stage.threads} "
                 f"epoch={self._epoch - 1} state={state}>")
 
+    if TYPE_CHECKING:
+        def __next__(self) -> T: ...
 
-class Loader(_Threaded, Generic[T]):
+
+class Loader(_Threaded[T]):
     """Load ``dataset[i]`` on several threads and hand out whole batches, as
     fresh arrays that nothing else can reach.
 
@@ -292,20 +295,15 @@ class Loader(_Threaded, Generic[T]):
     Batches come out in sampler order (``ordered=False``: as they complete),
     the same for every ``workers`` value.
 
-    A ``Loader`` is an iterable, as a framework's DataLoader is: each
-    ``iter(loader)`` starts an epoch (ending the one before) and returns its
-    iterator, so ``it = iter(loader); next(it); for batch in it:`` continues
-    one epoch, and threads calling ``next()`` on one epoch iterator share it.
-    ``next(loader)`` takes from the current epoch, starting the first one if
-    none has started.
+    Each ``iter(loader)`` starts an epoch (ending the one before) and returns
+    its iterator, which threads may share; ``next(loader)`` takes from the
+    current epoch, starting the first one if none has (docs/loader.md, "Epochs").
 
-    ``dataset[i]`` runs on several threads at once: the dataset must allow
-    that (most do: in-memory data, files opened per call, decoders). One that
-    reads through a single shared handle (an open file, a database cursor)
-    must open one per thread, e.g. lazily in a ``threading.local``, or through
-    ``worker_init``. The global random generators (``random``, ``np.random``, a
-    framework's) are shared by the threads, so what they draw depends on
-    timing: draw augmentations from ``prefetch.sample_rng()`` instead.
+    ``dataset[i]`` runs on several threads at once: one that reads through a
+    single shared handle (an open file, a database cursor) must open one per
+    thread (a ``threading.local``, or ``worker_init``). The global random
+    generators are shared by the threads: draw augmentations from
+    ``prefetch.sample_rng()`` instead.
 
     Parameters
     ----------
@@ -551,7 +549,6 @@ class Loader(_Threaded, Generic[T]):
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     if TYPE_CHECKING:
-        def __next__(self) -> T: ...
         def __enter__(self) -> "Loader[T]": ...
 
 
@@ -569,7 +566,7 @@ def _is_stream(dataset: Any) -> bool:
         and not one_shot
 
 
-class _Mapped(_Threaded, Generic[T]):
+class _Mapped(_Threaded[T]):
     """What ``prefetch.map`` returns."""
 
     def __init__(self, fn: Callable[[Any], T], iterable: Iterable[Any],
@@ -598,9 +595,6 @@ class _Mapped(_Threaded, Generic[T]):
         if not isinstance(self._iterable, collections.abc.Sized):
             raise TypeError(f"the iterable of {self!r} has no len()")
         return len(self._iterable)
-
-    if TYPE_CHECKING:
-        def __next__(self) -> T: ...
 
 
 def map(fn: Callable[[Any], T], iterable: Iterable[Any], *, workers: Any = "auto", ordered: bool = True,
