@@ -32,7 +32,7 @@ from prefetch._replica import replica
 from prefetch._resume import check_state, make_state, order_part, stateful, try_state
 from prefetch._streams import start_part, stream_copy
 from prefetch._types import ClosedError, GILBoundWarning, Stats
-from prefetch._warn import machinery, warn_consumer
+from prefetch._warn import machinery
 from prefetch._warn import warn as warn_at_user
 from prefetch.adapters import (
     register_collate,
@@ -49,7 +49,7 @@ __all__ = ["MAX_EPOCH", "Choice", "ClosedError", "Cut", "FrameworkLoader", "GILB
            "check_num_workers", "check_state", "close_when_dropped", "ints", "machinery", "make_state",
            "order_part", "ProcessEpoch", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
-           "stream_copy", "try_state", "unpicklable", "warn_at_user", "warn_consumer", "worker_info"]
+           "stream_copy", "try_state", "unpicklable", "warn_at_user", "worker_info"]
 
 
 _OWN = object()   # said_batch_size not given: the Loader's own batch_size
@@ -59,21 +59,16 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     """A Loader over a drop-in's batch sampler.
 
     ``remedy``: the framework's process loader, named in the GIL warning.
-    ``per_thread``: (dataset, worker_id) -> that thread's dataset, where the
-    threads cannot share it (a copy of its own, as each worker process
-    holds; for a stream, the copy its worker iterates). ``stream``: the
-    dataset is iterable (a framework's iterable dataset class, whatever
-    else it has). ``lookahead``: at most that many batches opened and not yet
-    taken (a framework's ``prefetch_factor * num_workers``; 0: the Loader's
-    own bounds only). ``go_on``: a batch whose sample or collate raised is
-    that batch's error and the epoch goes on, as some frameworks' loaders
-    do. ``gil_noticed``: the GIL warning was given already (by this
-    drop-in's loader of an earlier epoch): it is not given again.
-    ``on_notice``: the GIL warning (a ``GILBoundWarning``, with its measured
-    figures) is passed to it, on the consumer's thread as a batch is taken,
-    instead of being raised: a drop-in that acts on it says what it did.
-    ``framework``: the drop-in's part of the resume state; ``order``: what
-    decides its order there (``order_part`` of the framework's samplers)."""
+    ``per_thread``: (dataset, worker_id) -> that thread's own dataset (as each
+    worker process holds; for a stream, the copy its worker iterates).
+    ``stream``: the dataset is iterable, whatever else it has. ``lookahead``:
+    at most that many batches opened and not yet taken (0: the Loader's own
+    bounds only). ``go_on``: a batch whose sample or collate raised is that
+    batch's error and the epoch goes on. ``gil_noticed``: the GIL warning was
+    given already, not again. ``on_notice``: gets the ``GILBoundWarning``, on
+    the consumer's thread, instead of its being raised. ``framework``: the
+    drop-in's part of the resume state; ``order``: what decides its order
+    there (``order_part`` of the framework's samplers)."""
 
     def __init__(self, dataset: Any, *, remedy: str, order: Optional[dict[str, Any]] = None,
                  per_thread: Optional[Callable[[Any, int], Any]] = None,

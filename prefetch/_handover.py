@@ -1,9 +1,6 @@
 """What the drop-ins' hand-over to their framework's own worker processes
-shares (each adapter folder's _processes.py). Framework-free: each drop-in
-drives its framework's worker machinery, names its framework and what stays
-the same.
-
-Threading contract: ``Cut.__next__`` runs on the Loader's threads; everything
+shares, framework-free (each adapter folder's _processes.py drives its
+framework's worker machinery). Threading contract: ``Cut.__next__`` runs on the Loader's threads; everything
 else on the consumer's thread.
 """
 from __future__ import annotations

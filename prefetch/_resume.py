@@ -172,15 +172,13 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
                 seed: Optional[int], batches_per_epoch: int, sampler_has_state: bool,
                 framework: Optional[str] = None, workers: Optional[int] = None,
                 owner: str = "loader") -> tuple[_Resume, int]:
-    """The resume ``state`` (from ``state_dict()``) describes, and its seed:
-    the one check of its top-level fields, where it is loaded (the sampler's
-    and the framework's parts are their owners' to check). ValueError for one
-    that does not fit a loader over a dataset of ``dataset_length`` (None: a
-    stream, whose state has one part per worker of its ``workers``) with
-    ``batch_size``, ``order`` (``order_part``), its own ``seed`` (None: any),
-    ``batches_per_epoch`` (-1: unknown), and whose state's framework part is
-    ``framework``'s (None: the Loader's own, which has none). Messages call
-    the loader ``owner``. It changes nothing."""
+    """The resume ``state`` describes, and its seed: the one check of its
+    top-level fields (the sampler's and framework's parts are their owners').
+    ValueError for one that does not fit a loader over ``dataset_length``
+    items (None: a stream, one part per worker of its ``workers``) with
+    ``batch_size``, ``order``, ``seed`` (None: any), ``batches_per_epoch``
+    (-1: unknown) and ``framework`` (None: the Loader). Messages call the
+    loader ``owner``. It changes nothing."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
     if state.get("format") != STATE_FORMAT:

@@ -201,9 +201,7 @@ def _declared() -> dict[str, importlib.metadata.EntryPoint]:
 def _bundled() -> dict[str, importlib.metadata.EntryPoint]:
     """The adapter folders of this package (``prefetch/<name>/``), by the
     ``FRAMEWORK = "..."`` line of their ``__init__.py``, read without importing
-    them. Installed, the package's entry points declare the same; without its
-    metadata (a source tree, a vendored copy) a framework's arrays would
-    otherwise pass through uncopied."""
+    them: where no installed metadata declares them (a source tree, a vendored copy)."""
     found = {}
     for init in sorted(pathlib.Path(__file__).parent.glob("*/__init__.py")):
         try:

@@ -17,21 +17,15 @@ class Prefetcher(_Lifecycle, Generic[T]):
     """Produce the batches of ``source`` ahead of the consumer, as fresh arrays
     that nothing else can reach.
 
-    Iterating again after the stream ended starts a new epoch when ``source``
-    is re-iterable (a list, a DataLoader: ``iter(source)`` returns a new
-    iterator); over a one-shot iterator it raises ``RuntimeError`` instead of
-    silently yielding nothing.
+    Iterating again after the stream ended starts a new epoch over a
+    re-iterable ``source``; over a one-shot iterator it raises ``RuntimeError``.
 
-    Several threads may share one prefetcher, as they would a queue: each
-    batch goes to exactly one of them. ``iter()`` joins the epoch that is
-    running and starts the next one only once the stream ended, so threads
-    that each loop over the epochs share every epoch between them. A
-    ``next()`` still waiting when the stream ended (another thread took the
-    end, and may have started the next epoch) raises ``StopIteration``: it
-    ends with its epoch and never returns a batch of the next one.
-    ``ClosedError`` comes only from ``close()``. A signal handler that calls
-    ``next()`` while its thread waits in ``next()`` gets ``RuntimeError``
-    (the inner call would wait for the outer one forever).
+    Several threads may share one prefetcher, as a queue: each batch goes to
+    one of them. ``iter()`` joins the running epoch and starts the next only
+    once the stream ended; a ``next()`` still waiting then raises
+    ``StopIteration``, never a batch of the next epoch. ``ClosedError`` comes
+    only from ``close()``. A signal handler's ``next()`` while its thread
+    waits in ``next()`` raises ``RuntimeError`` (it would wait forever).
 
     Parameters
     ----------

@@ -218,7 +218,6 @@ class _Threaded(_Lifecycle, Generic[T]):
             if old is not None:
                 old.end_replaced()   # a next() on its iterator meets the end of its epoch
             epoch, position = self._epoch, self._position
-            resume = None if position is None else position.resume
             record = None if position is None else position.begin(epoch)
             batches, n_keys, rows = self._keys(epoch)
             if record is not None and record.skipped is not None and record.numbers is not None:
@@ -228,7 +227,7 @@ class _Threaded(_Lifecycle, Generic[T]):
             # one's may have been opened already (a resumed epoch skips some:
             # never opened ahead). From the second epoch on: a loader iterated
             # once never loads for an epoch it is not asked for.
-            order = self._order(epoch) if resume is None else None
+            order = self._order(epoch) if position is None or position.resume is None else None
             after = self._order(epoch + 1) if self._started else None
             self._started = True
             following = None if after is None else (after, epoch + 1, after.batches())
@@ -554,11 +553,9 @@ class Loader(_Threaded[T]):
 
 def _is_stream(dataset: Any) -> bool:
     """An iterable dataset: ``__iter__`` without ``__getitem__`` and
-    ``__len__``. Not a generator nor another iterator of Python's own (of
-    ``iter(list)``, ``map``, ``itertools``): those are one-shot, where each
-    worker thread iterates the dataset anew every epoch. A class of the
-    user's that is its own iterator is a stream whose ``__iter__`` restarts
-    it, as frameworks' iterable datasets may be."""
+    ``__len__``; not a one-shot iterator of Python's own (a generator, of
+    ``iter(list)``, ``map``, ``itertools``), while a user's class that is its
+    own iterator is a stream whose ``__iter__`` restarts it."""
     cls = type(dataset)
     one_shot = isinstance(dataset, collections.abc.Iterator) and (
         isinstance(dataset, types.GeneratorType) or cls.__module__ in ("builtins", "itertools"))
