@@ -52,13 +52,6 @@ __all__ = ["Loader", "map", "sample_rng", "worker_info"]
 T = TypeVar("T")
 
 
-def _tell_epoch(sampler: Any, epoch: int) -> None:
-    """A sampler with set_epoch (a distributed sampler) reshuffles per epoch."""
-    set_epoch = getattr(sampler, "set_epoch", None)
-    if callable(set_epoch):
-        set_epoch(epoch)
-
-
 class _OwnOrder(NamedTuple):
     """An epoch whose order the Loader gives itself (no sampler): its key
     lists are a function of these alone (compared whole: equal orders, equal
@@ -87,9 +80,7 @@ def ints(perm: Any) -> Iterator[int]:
 
 def _batched(keys: Iterator[Any], size: Optional[int], drop_last: bool) -> Iterator[list[Any]]:
     """The key lists of ``size`` keys each (None: each key alone)."""
-    if size is None:
-        yield from ([k] for k in keys)
-        return
+    size = size or 1
     while True:
         chunk = list(itertools.islice(keys, size))
         if len(chunk) < size:
@@ -105,9 +96,9 @@ class _Epoch(_Iterator, Generic[T]):
 
     _core: _Core   # made with its epoch's core, which it keeps
 
-    def __init__(self, core: _Core, timeout: Optional[float], loader: "_Threaded[Any]") -> None:
+    def __init__(self, core: _Core, loader: "_Threaded[Any]") -> None:
         self._core = core
-        self._timeout = timeout
+        self._timeout = loader._timeout
         # Keeps the loader (and so its threads) alive while its epoch is
         # iterated: `for batch in Loader(...)` holds only this object.
         self._loader = loader
@@ -247,7 +238,7 @@ class _Threaded(_Lifecycle, Generic[T]):
 
     def __iter__(self) -> Any:
         with self._epoch_lock:
-            epoch: _Epoch[Any] = _Epoch(self._start_epoch(), self._timeout, self)
+            epoch: _Epoch[Any] = _Epoch(self._start_epoch(), self)
             if self._position is not None and self._position.record is not None:
                 self._position.record.iterator = weakref.ref(epoch)
             return epoch
@@ -500,13 +491,11 @@ class Loader(_Threaded[T]):
             return (self._streams.count, self._streams.turn), -1, 1
         n = len(self.dataset)
         if self.batch_sampler is not None:
-            _tell_epoch(self.batch_sampler, epoch)
-            return self._iter_sampler(self.batch_sampler, "batch_sampler"), n, 1
+            return self._iter_sampler(self.batch_sampler, "batch_sampler", epoch), n, 1
         if self.sampler is None:   # the loader's own order: read lazily, on a loader thread
             batches = _OwnOrder(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last).batches()
         else:
-            _tell_epoch(self.sampler, epoch)
-            batches = _batched(self._iter_sampler(self.sampler, "sampler"), self.batch_size, self.drop_last)
+            batches = _batched(self._iter_sampler(self.sampler, "sampler", epoch), self.batch_size, self.drop_last)
         return batches, n, self.batch_size or 1
 
     def _order(self, epoch: int) -> Any:
@@ -518,9 +507,14 @@ class Loader(_Threaded[T]):
 
     _sampler_read = False   # a one-shot sampler (an iterator) gave its epoch
 
-    def _iter_sampler(self, sampler: Any, arg: str) -> Iterator[Any]:
-        """iter(sampler); a one-shot one (a generator, an iterator: iter() returns it)
-        gives one epoch, and the next raises rather than come out empty."""
+    def _iter_sampler(self, sampler: Any, arg: str, epoch: int) -> Iterator[Any]:
+        """iter(sampler), told ``set_epoch(epoch)`` first where it has it (a
+        distributed sampler reshuffles per epoch); a one-shot one (a generator,
+        an iterator: iter() returns it) gives one epoch, and the next raises
+        rather than come out empty."""
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
         keys: Iterator[Any] = iter(sampler)
         if keys is sampler:
             if self._sampler_read:
