@@ -1,7 +1,7 @@
 """What the drop-ins' hand-over to their framework's own worker processes
 shares, framework-free (each adapter folder's _processes.py drives its
-framework's worker machinery). Threading contract: ``Cut.__next__`` runs on the Loader's threads; everything
-else on the consumer's thread.
+framework's worker machinery). Threading contract: ``Cut.__next__`` runs on
+the Loader's threads; everything else on the consumer's thread.
 """
 from __future__ import annotations
 

@@ -2,12 +2,10 @@
 one (docs/dropins.md): a shallow copy per worker, so what ``dataset[i]``,
 ``__iter__`` or a worker init function sets on it is that worker's alone,
 while the objects it refers to (arrays, caches, a memory map) are shared.
-The framework's datasets inside it (a subset's, a concatenation's, in an
-attribute, a list, tuple or dict), and what a drop-in names besides (a file
+The framework's datasets inside it, and what a drop-in names besides (a file
 reader threads cannot share, and whatever holds one), are copied by the same
-walk, wherever they sit. A dataset that cannot be copied (its
-``__reduce_ex__`` or ``__getattr__`` raises on a bare copy) is shared by the
-workers, as one is with a single main-process worker.
+walk; a dataset that cannot be copied (its ``__reduce_ex__`` or
+``__getattr__`` raises on a bare copy) is shared by the workers.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """An iterable dataset (a stream) on a Loader's threads, thread w being
-worker w: it alone holds worker w's replica (a copy: what ``__iter__`` or
-``worker_init`` sets on it is that worker's), calls ``iter()`` on it each
-epoch and reads its batches (``_Worker``); the map stage opens a slot per
-batch, in turn over the workers not ended, and the slot's worker fills it
-(_map.pxi). Each batch carries its worker's part of the resume state after it
-(its dataset's and iterator's own ``state_dict()``), which becomes the
-worker's part once delivered (``StreamRecord`` in prefetch/_resume.py) and is
-where a resumed worker starts (``_Worker.start``).
+worker w: it alone holds worker w's replica, calls ``iter()`` on it each
+epoch and fills the map stage's slots of that worker's batches (_map.pxi;
+docs/design.md). Each batch carries its worker's part of the resume state
+after it, the worker's part once delivered (``StreamRecord`` in
+prefetch/_resume.py) and where a resumed worker starts (``_Worker.start``).
 
 Threading contract: a ``_Worker`` is used by its thread only; ``Workers.resumed``
 and ``Workers.turn`` are set by the consumer's thread between epochs

@@ -6,10 +6,8 @@ from typing import Any
 
 
 class ClosedError(RuntimeError):
-    """``next()`` was called on a prefetcher after ``close()``.
-
-    A loop over a closed prefetcher must fail loudly, never end early.
-    """
+    """``next()`` was called on a prefetcher after ``close()``: a loop over a
+    closed prefetcher fails loudly, never ends early."""
 
 
 class GILBoundWarning(UserWarning):
@@ -101,10 +99,10 @@ class Stats:
         (the threads took turns on the GIL), ``"cpus busy"``, ``"thread
         limit"``; ``""`` before the first measurement and with a fixed ``workers``.
     loading : str
-        Where a drop-in's epoch loads: ``"threads"``, or ``"processes"`` (the
-        framework's own worker processes, chosen where its threads measured
-        ``dataset[i]`` holding the GIL; the thread counters then count what
-        the threads loaded before); ``""`` for the other loaders.
+        Where a drop-in's epoch loads: ``"threads"``, or ``"processes"`` (its
+        framework's worker processes, after its threads measured a GIL-bound
+        ``dataset[i]``: the thread counters count what they loaded before);
+        ``""`` for the other loaders.
     """
 
     produced: int = 0

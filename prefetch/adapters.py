@@ -131,11 +131,10 @@ _device_types: dict[type, Callable[[Any], Delivery]] = {}
 
 def register_device(cls: type, open: Callable[[Any], Delivery], *,
                     hint: Optional[Callable[[str], Optional[str]]] = None) -> None:
-    """Accept ``device=`` values of type ``cls``: ``open(device)`` is called once
-    per prefetcher, in its constructor, validates the device (raising
-    ``TypeError``/``ValueError`` that name it) and returns a :class:`Delivery`.
-    ``hint(name)``: for ``device=`` given as a string ("cuda:0"), which is
-    refused, what of ``cls`` to pass instead, or None."""
+    """Accept ``device=`` values of type ``cls``: ``open(device)``, called once
+    per prefetcher in its constructor, validates the device (``TypeError`` or
+    ``ValueError`` naming it) and returns a :class:`Delivery`. ``hint(name)``:
+    for a ``device=`` string ("cuda:0"), refused, what to pass instead, or None."""
     _check_hooks(cls, ("hint",), open=open, hint=hint)
     _device_types[cls] = open
     if hint is not None and hint not in _device_hints:

@@ -278,12 +278,11 @@ class Loader(_Threaded[T]):
     """Load ``dataset[i]`` on several threads and hand out whole batches, as
     fresh arrays that nothing else can reach.
 
-    Each epoch (each ``for`` loop over the loader) reads the sampler's indices
-    in order, calls ``dataset[i]`` on ``workers`` threads at once and, with
-    the default collate, copies every sample's arrays straight into its row of
-    a pooled batch, without the GIL, before that thread loads another sample.
-    Batches come out in sampler order (``ordered=False``: as they complete),
-    the same for every ``workers`` value.
+    Each epoch (each ``for`` loop) calls ``dataset[i]`` on ``workers`` threads
+    at once and, with the default collate, copies every sample's arrays
+    straight into its row of a pooled batch, without the GIL. Batches come out
+    in sampler order (``ordered=False``: as they complete), the same for every
+    ``workers`` value.
 
     Each ``iter(loader)`` starts an epoch (ending the one before) and returns
     its iterator, which threads may share; ``next(loader)`` takes from the
@@ -408,8 +407,7 @@ class Loader(_Threaded[T]):
                                      "streams": self._streams, "ordered": options.ordered, **self._said})
 
     _position: Position
-    # A drop-in's fields of its resume state, in place of the Loader's own (Position's
-    # framework, order, batch_size).
+    # A drop-in's fields of its resume state (Position's framework, order, batch_size), over the Loader's.
     _said: dict[str, Any] = {}
     _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
     _stream: Optional[bool] = None   # a drop-in's word on whether its dataset is a stream (None: _is_stream's)
