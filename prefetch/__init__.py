@@ -1,12 +1,11 @@
 """prefetch: data loading on threads that hands out fresh, non-aliased batches.
 
-``Loader`` calls ``dataset[i]`` on several threads and collates the samples
-straight into pooled batches; ``map`` runs a function over an iterable on
-threads; ``Prefetcher`` produces the batches of any iterable ahead of the
-consumer. All work on numpy batches with no framework installed; framework
-adapters (subpackages, declared as entry points) are imported on demand, and
-``register_leaf``/``register_container``/``register_device`` let a user add
-types of their own (see ``prefetch.adapters``).
+``Loader`` calls ``dataset[i]`` on threads and collates the samples straight
+into pooled batches; ``map`` runs a function over an iterable on threads;
+``Prefetcher`` produces the batches of any iterable ahead of the consumer.
+All work on numpy batches with no framework installed; framework adapters are
+imported on demand, and ``register_leaf``/``register_container``/
+``register_device`` add types of a user's own (see ``prefetch.adapters``).
 """
 # ruff: noqa: E402 - the check below runs before the imports that need the compiled core
 import importlib.machinery as _machinery

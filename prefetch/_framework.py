@@ -1,23 +1,13 @@
-"""The one seam a framework's drop-in (an adapter folder of
-the package) stands on: everything a drop-in may use of the core is exported
-here (``__all__``; the compiled parts a drop-in's Cython cimports, in
-``_framework.pxd``), and a drop-in imports nothing else of the core
-(tests/core/test_framework_seam.py). What the drop-ins share is here too,
-so each fix lands once. A drop-in translates its framework's arguments, supplies the
-framework's sampler and worker idioms and its state's framework parts;
-everything else is the Loader's. It reads no private attribute of the
-Loader's objects: what it needs is declared here or on the epoch iterator
-(``failed_batches``, ``running``, ``stop()``).
-
-A drop-in reads its framework's sampler where the framework reads it and
-gives the Loader the epoch's index lists as its ``batch_sampler``. The
-Loader passes each index to ``dataset[...]`` as the framework does, whatever
-it is (a list for bulk loading, a numpy integer, a key of the dataset's
-own): the dataset raises for a bad one, as under the framework's loader.
-Where that batch sampler knows an epoch's order before it starts
-(``order(epoch)``, a plan with ``batches()``), the next epoch's first
-batches load while this one's last are consumed. A ``GILBoundWarning``
-points to the framework's own process loader.
+"""The one seam a framework's drop-in (an adapter folder of the package)
+stands on: everything a drop-in may use of the core is exported here
+(``__all__``; the compiled parts its Cython cimports, in ``_framework.pxd``),
+and it imports nothing else of the core (tests/core/test_framework_seam.py).
+A drop-in translates its framework's arguments and supplies the framework's
+sampler and worker idioms and its state's framework parts; it reads no
+private attribute of the Loader's objects, only what is declared here or on
+the epoch iterator (``failed_batches``, ``running``, ``stop()``). It gives the
+Loader the epoch's index lists as its ``batch_sampler``, each index passed to
+``dataset[...]`` as the framework passes it (the dataset raises for a bad one).
 """
 from __future__ import annotations
 
@@ -42,7 +32,7 @@ from prefetch._replica import replica
 from prefetch._resume import check_state, make_state, order_part, stateful, try_state
 from prefetch._streams import start_part, stream_copy
 from prefetch._types import ClosedError, GILBoundWarning, Stats
-from prefetch._warn import machinery, warn_consumer
+from prefetch._warn import machinery
 from prefetch._warn import warn as warn_at_user
 from prefetch.adapters import (
     register_collate,
@@ -59,7 +49,7 @@ __all__ = ["MAX_EPOCH", "Choice", "ClosedError", "Cut", "FrameworkLoader", "GILB
            "check_num_workers", "check_state", "close_when_dropped", "ints", "machinery", "make_state",
            "order_part", "ProcessEpoch", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
-           "stream_copy", "try_state", "unpicklable", "warn_at_user", "warn_consumer", "worker_info"]
+           "stream_copy", "try_state", "unpicklable", "warn_at_user", "worker_info"]
 
 
 _OWN = object()   # said_batch_size not given: the Loader's own batch_size
@@ -69,21 +59,16 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     """A Loader over a drop-in's batch sampler.
 
     ``remedy``: the framework's process loader, named in the GIL warning.
-    ``per_thread``: (dataset, worker_id) -> that thread's dataset, where the
-    threads cannot share it (a copy of its own, as each worker process
-    holds; for a stream, the copy its worker iterates). ``stream``: the
-    dataset is iterable (a framework's iterable dataset class, whatever
-    else it has). ``lookahead``: at most that many batches opened and not yet
-    taken (a framework's ``prefetch_factor * num_workers``; 0: the Loader's
-    own bounds only). ``go_on``: a batch whose sample or collate raised is
-    that batch's error and the epoch goes on, as some frameworks' loaders
-    do. ``gil_noticed``: the GIL warning was given already (by this
-    drop-in's loader of an earlier epoch): it is not given again.
-    ``on_notice``: the GIL warning (a ``GILBoundWarning``, with its measured
-    figures) is passed to it, on the consumer's thread as a batch is taken,
-    instead of being raised: a drop-in that acts on it says what it did.
-    ``framework``: the drop-in's part of the resume state; ``order``: what
-    decides its order there (``order_part`` of the framework's samplers)."""
+    ``per_thread``: (dataset, worker_id) -> that thread's own dataset (as each
+    worker process holds; for a stream, the copy its worker iterates).
+    ``stream``: the dataset is iterable, whatever else it has. ``lookahead``:
+    at most that many batches opened and not yet taken (0: the Loader's own
+    bounds only). ``go_on``: a batch whose sample or collate raised is that
+    batch's error and the epoch goes on. ``gil_noticed``: the GIL warning was
+    given already, not again. ``on_notice``: gets the ``GILBoundWarning``, on
+    the consumer's thread, instead of its being raised. ``framework``: the
+    drop-in's part of the resume state; ``order``: what decides its order
+    there (``order_part`` of the framework's samplers)."""
 
     def __init__(self, dataset: Any, *, remedy: str, order: Optional[dict[str, Any]] = None,
                  per_thread: Optional[Callable[[Any, int], Any]] = None,

@@ -1,9 +1,7 @@
 """What the drop-ins' hand-over to their framework's own worker processes
-shares. Framework-free: each drop-in drives its framework's worker
-machinery, names its framework and what stays the same.
-
-Threading contract: ``Cut.__next__`` runs on the Loader's threads; everything
-else on the consumer's thread.
+shares, framework-free (each drop-in drives its framework's own worker
+machinery). Threading contract: ``Cut.__next__`` runs on the Loader's
+threads; everything else on the consumer's thread.
 """
 from __future__ import annotations
 

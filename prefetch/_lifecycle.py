@@ -1,10 +1,7 @@
 """What ``Prefetcher`` and ``Loader`` share as objects: epochs of a compiled
 ``_Core``, the finalizer and its warning, ``close()``, ``with``, ``stats()``, no pickling.
-
-Worker threads reference only the inner ``_Core`` (and a loader's stage),
-never these objects, so dropping the last reference to one runs its
-finalizer at once, which closes the core, joins the threads and frees the
-pool.
+Worker threads reference only the inner ``_Core`` (and a loader's stage), so
+dropping the last reference to one of these runs its finalizer at once.
 """
 from __future__ import annotations
 
@@ -92,13 +89,10 @@ class _Lifecycle(_Iterator):
     def close(self) -> None:
         """Stop the workers, drop unconsumed batches and free the buffers.
 
-        Idempotent and safe from any thread and from a signal handler. It
-        returns once all of that is done, also when another thread's
-        ``close()`` began it (this one waits), or, when the source stays stuck
-        for a grace period, with a ``RuntimeWarning``, leaving that thread as
-        a daemon. A ``close()`` cut short by Ctrl-C is finished by the next
-        call. Batches the user still holds stay valid; their memory is freed
-        when they are collected.
+        Idempotent and safe from any thread and from a signal handler; it
+        returns once that is done (a source stuck past a grace period: with a
+        ``RuntimeWarning``, its thread left as a daemon). Batches the user
+        still holds stay valid (docs/reliability.md, "Closing").
         """
         # No lock: a child forked while another thread held one could not
         # close. An epoch that __iter__ starts meanwhile sees the flag.

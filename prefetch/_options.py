@@ -1,7 +1,6 @@
 """The options of ``Prefetcher``, ``Loader`` and ``map``, and every check of
-them: one place for the bad-argument messages, whichever front door (these
-three, or a framework adapter's iterator and drop-in loaders, which pass
-their values on) the value came through.
+them: one place for the bad-argument messages, whichever front door (a
+drop-in's too) the value came through.
 """
 from __future__ import annotations
 

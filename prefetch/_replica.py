@@ -1,21 +1,11 @@
-"""Each worker's copy of the dataset, as a framework's worker processes hold one.
-
-A worker process of a framework's ``DataLoader`` loads from its own copy
-of the dataset: whatever ``dataset[i]``, ``__iter__`` or a worker
-init function sets on it (a file handle opened on first use, a worker's
-shard bounds) is that worker's alone. On threads the same holds through a
-shallow copy per worker: attributes set on the copy stay the worker's, while
-the objects the dataset refers to (arrays, lists, caches, a memory map) are
-shared, not duplicated. Datasets inside it (instances of the framework's
-dataset classes: a subset's dataset, the datasets a concatenation
-holds, a wrapper's attribute, in a list, tuple or dict) are copied
-the same way, so a handle opened lazily by an inner dataset is per worker too.
-What a drop-in names besides (a framework's file reader, which threads cannot
-share, and whatever holds one) is copied by the same walk, wherever it sits.
-
-A dataset that cannot be copied (its ``__reduce_ex__`` or ``__getattr__``
-raises on a bare copy) is shared by the workers, as one is with a single
-main-process worker.
+"""Each worker's copy of the dataset, as a framework's worker processes hold
+one (docs/dropins.md): a shallow copy per worker, so what ``dataset[i]``,
+``__iter__`` or a worker init function sets on it is that worker's alone,
+while the objects it refers to (arrays, caches, a memory map) are shared.
+The framework's datasets inside it, and what a drop-in names besides (a file
+reader threads cannot share, and whatever holds one), are copied by the same
+walk; a dataset that cannot be copied (its ``__reduce_ex__`` or
+``__getattr__`` raises on a bare copy) is shared by the workers.
 """
 from __future__ import annotations
 

@@ -18,14 +18,7 @@ if TYPE_CHECKING:
 
 STATE_FORMAT = "prefetch.Loader"
 STATE_VERSION = 3
-# "batches": the batches of "epoch" delivered (in every part that counts them).
-# "batch_size": the samples per batch the user asked for (None: each sample its own).
-# "order": what decides the epoch's order besides the seed, the epoch and the
-# sampler's own state (order_part). "sampler": the sampler's own state, or the
-# drop-in's sampler side (the generators its order is drawn from).
-# "streams": None for a map-style dataset; for an iterable dataset (a
-# stream), each worker's part and the worker whose batch is due next.
-# "framework": None for the Loader; a drop-in's parts, under its framework's name.
+# The fields, the Loader's and every drop-in's: docs/loader.md, "Resuming a run".
 _STATE_KEYS = ("format", "version", "seed", "epoch", "batches", "out_of_order", "dataset_length",
                "batch_size", "order", "sampler", "streams", "framework")
 _ORDER_KEYS = ("shuffle", "sampler", "batch_sampler")
@@ -179,15 +172,13 @@ def check_state(state: Any, *, dataset_length: Optional[int], batch_size: Any, o
                 seed: Optional[int], batches_per_epoch: int, sampler_has_state: bool,
                 framework: Optional[str] = None, workers: Optional[int] = None,
                 owner: str = "loader") -> tuple[_Resume, int]:
-    """The resume ``state`` (from ``state_dict()``) describes, and its seed:
-    the one check of its top-level fields, where it is loaded (the sampler's
-    and the framework's parts are their owners' to check). ValueError for one
-    that does not fit a loader over a dataset of ``dataset_length`` (None: a
-    stream, whose state has one part per worker of its ``workers``) with
-    ``batch_size``, ``order`` (``order_part``), its own ``seed`` (None: any),
-    ``batches_per_epoch`` (-1: unknown), and whose state's framework part is
-    ``framework``'s (None: the Loader's own, which has none). Messages call
-    the loader ``owner``. It changes nothing."""
+    """The resume ``state`` describes, and its seed: the one check of its
+    top-level fields (the sampler's and framework's parts are their owners').
+    ValueError for one that does not fit a loader over ``dataset_length``
+    items (None: a stream, one part per worker of its ``workers``) with
+    ``batch_size``, ``order``, ``seed`` (None: any), ``batches_per_epoch``
+    (-1: unknown) and ``framework`` (None: the Loader). Messages call the
+    loader ``owner``. It changes nothing."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
     if state.get("format") != STATE_FORMAT:
@@ -283,12 +274,9 @@ def _owner(framework: Optional[str]) -> str:
 
 class Position:
     """A Loader's resume state, its one owner: the epoch started last (its
-    ``record``) and a loaded state the next epoch continues (``resume``);
-    what ``state_dict()`` says of them, the check of a state loaded, and the
-    sampler's and a stream's workers' parts as an epoch begins. The loader
-    gives it the epoch and seed where they are needed, under its epoch lock;
-    it holds no reference to the loader, which its threads must not keep
-    alive."""
+    ``record``) and a loaded state the next epoch continues (``resume``).
+    Given the epoch and seed under the loader's epoch lock, it holds no
+    reference to the loader, which its threads must not keep alive."""
 
     __slots__ = ("dataset", "batch_size", "order", "sampler", "streams", "framework", "ordered", "record",
                  "resume")

@@ -1,17 +1,9 @@
-"""An iterable dataset (a stream) on a Loader's threads, each thread one worker.
-
-Thread w alone holds worker w's replica of the dataset (a copy: what
-``__iter__`` or ``worker_init`` sets on it is that worker's), calls
-``iter()`` on it each epoch and reads its batches (``_Worker``). The map
-stage opens a slot per batch, in turn over the workers not ended, and the
-slot's worker fills it (_map.pxi): the order is a framework's worker
-processes' (one batch of each worker still running in turn), and the epoch,
-window, byte bound, error notes and counters are a map-style epoch's.
-
-Resuming: each batch carries its worker's part of the state after it (its
-dataset's and its iterator's own ``state_dict()``, where they have one); as
-the batch is delivered that becomes the worker's part (``StreamRecord`` in
-prefetch/_resume.py), which a resumed worker starts from (``_Worker.start``).
+"""An iterable dataset (a stream) on a Loader's threads, thread w being
+worker w: it alone holds worker w's replica, calls ``iter()`` on it each
+epoch and fills the map stage's slots of that worker's batches (_map.pxi;
+docs/design.md). Each batch carries its worker's part of the resume state
+after it, the worker's part once delivered (``StreamRecord`` in
+prefetch/_resume.py) and where a resumed worker starts (``_Worker.start``).
 
 Threading contract: a ``_Worker`` is used by its thread only; ``Workers.resumed``
 and ``Workers.turn`` are set by the consumer's thread between epochs

@@ -6,19 +6,16 @@ from typing import Any
 
 
 class ClosedError(RuntimeError):
-    """``next()`` was called on a prefetcher after ``close()``.
-
-    A loop over a closed prefetcher must fail loudly, never end early.
-    """
+    """``next()`` was called on a prefetcher after ``close()``: a loop over a
+    closed prefetcher fails loudly, never ends early."""
 
 
 class GILBoundWarning(UserWarning):
     """A loader's threads took turns inside ``dataset[i]`` (or map's function):
     it holds the GIL, so they did not run it in parallel. Given once per
     loader, where the process may use two CPUs or more; never for threads
-    that waited for CPUs (held by other processes, or by a library's own
-    threads such as BLAS's), nor where the loader cannot tell (no per-thread
-    CPU clocks or no ``/proc``: not Linux).
+    that waited for CPUs, nor where the loader cannot tell (not Linux); how it
+    is measured: docs/loader.md, "Where threads lose".
 
     Attributes
     ----------
@@ -87,31 +84,25 @@ class Stats:
         Bytes the default collate copied into batch rows.
     load_parallelism : float
         How many loader threads ran ``dataset[i]`` (or map's function) at a
-        time, on average over the time the epochs ran: the threads inside it
-        (``load_s`` per second), less the time they waited for each other.
-        Near the thread count where they run in parallel (I/O, numpy,
-        decoders that release the GIL); near 1 where ``dataset[i]`` holds the
-        GIL, however many threads there are; below the count where the
-        consumer is the bottleneck (the threads wait for room). 0.0 before
-        the first measurement (windows of 50 ms).
+        time, on average over the time the epochs ran: near the thread count
+        where they run in parallel, near 1 where ``dataset[i]`` holds the GIL,
+        below the count where the consumer is the bottleneck; 0.0 before the
+        first measurement (windows of 50 ms). These three: docs/loader.md,
+        "Where threads lose".
     load_wait_share : float
-        The share of the threads' time at work (inside ``dataset[i]``, or woken
-        for it and waiting to run) spent waiting for each other: for the GIL, while some thread held it for long stretches
-        (running Python code). About 1 - 1/threads for a pure-Python
-        ``dataset[i]``; 0 where the threads run in parallel.
+        The share of the threads' time at work spent waiting for each other
+        (for the GIL): about 1 - 1/threads for a pure-Python ``dataset[i]``;
+        0 where the threads run in parallel.
     tune_reason : str
         With ``workers="auto"``, why the thread count is not growing now:
-        ``"growing"`` (a trial of twice the threads runs), ``"consumer-bound"``
-        (the consumer did not wait for batches), ``"no gain"`` (the last
-        trial of more threads was not faster), ``"serialized"`` (that trial
-        was not faster because the threads took turns on the GIL),
-        ``"cpus busy"`` (the process uses its CPUs), ``"thread limit"``;
-        ``""`` before the first measurement and with a fixed ``workers``.
+        ``"growing"``, ``"consumer-bound"``, ``"no gain"``, ``"serialized"``
+        (the threads took turns on the GIL), ``"cpus busy"``, ``"thread
+        limit"``; ``""`` before the first measurement and with a fixed ``workers``.
     loading : str
-        Where a drop-in's epoch loads: ``"threads"``, or ``"processes"`` (the
-        framework's own worker processes, chosen where its threads measured
-        ``dataset[i]`` holding the GIL; the thread counters then count what
-        the threads loaded before); ``""`` for the other loaders.
+        Where a drop-in's epoch loads: ``"threads"``, or ``"processes"`` (its
+        framework's worker processes, after its threads measured a GIL-bound
+        ``dataset[i]``: the thread counters count what they loaded before);
+        ``""`` for the other loaders.
     """
 
     produced: int = 0

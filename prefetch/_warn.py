@@ -24,16 +24,13 @@ _MACHINERY_DIRS: tuple[str, ...] = ()
 Location = tuple[str, int]
 
 
-def machinery(path: str) -> None:
-    """Frames of ``path`` (a framework's module whose code calls a drop-in's,
-    as a framework loader's ``__iter__`` calls its drop-in's ``_get_iterator``; a folder
-    when it ends with a separator) are passed over as prefetch's own: a
-    warning points past them."""
+def machinery(folder: str) -> None:
+    """Frames of the modules in ``folder`` (a framework's, whose code calls a
+    drop-in's, as a framework loader's ``__iter__`` calls its drop-in's
+    ``_get_iterator``) are passed over as prefetch's own: a warning points
+    past them."""
     global _MACHINERY_DIRS
-    if path.endswith(os.sep):
-        _MACHINERY_DIRS += (os.path.abspath(path) + os.sep,)
-    else:
-        _MACHINERY.add(os.path.abspath(path))
+    _MACHINERY_DIRS += (os.path.abspath(folder) + os.sep,)
 
 
 def user_frame() -> Optional[types.FrameType]:

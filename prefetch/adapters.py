@@ -6,13 +6,11 @@ this module: a framework adapter (a subpackage such as ``prefetch/<name>/``) or 
 registers a leaf type (how to copy it), a container type (how to take it apart
 and rebuild it) or a device type (how to deliver leaves to it).
 
-Adapters are found without the core naming them: each declares an entry point
-in the group ``prefetch.adapters`` whose name is the top-level module of the
-framework's types and whose value is the adapter module (an adapter folder of
-this package also names its framework in a ``FRAMEWORK = "..."`` line, read
-where the installed metadata is missing). The first time a batch holds an
-unregistered object from such a module, or ``device=`` is such an object, the
-adapter module is imported, and importing it registers its types.
+Adapters are found without the core naming them, by their entry points in the
+group ``prefetch.adapters`` (or an adapter folder's ``FRAMEWORK = "..."`` line:
+docs/adapters.md). The first time a batch holds an unregistered object of a
+declared framework's module, or ``device=`` is one, its adapter is imported,
+which registers its types.
 
 Threads, all with the GIL held: ``copy`` and ``flatten`` run on the thread that copies a batch (a
 Prefetcher's publisher thread, or a Loader's loader thread), ``unflatten``, ``Delivery.deliver`` and
@@ -134,11 +132,10 @@ _device_types: dict[type, Callable[[Any], Delivery]] = {}
 
 def register_device(cls: type, open: Callable[[Any], Delivery], *,
                     hint: Optional[Callable[[str], Optional[str]]] = None) -> None:
-    """Accept ``device=`` values of type ``cls``: ``open(device)`` is called once
-    per prefetcher, in its constructor, validates the device (raising
-    ``TypeError``/``ValueError`` that name it) and returns a :class:`Delivery`.
-    ``hint(name)``: for ``device=`` given as a string ("cuda:0"), which is
-    refused, what of ``cls`` to pass instead, or None."""
+    """Accept ``device=`` values of type ``cls``: ``open(device)``, called once
+    per prefetcher in its constructor, validates the device (``TypeError`` or
+    ``ValueError`` naming it) and returns a :class:`Delivery`. ``hint(name)``:
+    for a ``device=`` string ("cuda:0"), refused, what to pass instead, or None."""
     _check_hooks(cls, ("hint",), open=open, hint=hint)
     _device_types[cls] = open
     if hint is not None and hint not in _device_hints:
@@ -204,9 +201,7 @@ def _declared() -> dict[str, importlib.metadata.EntryPoint]:
 def _bundled() -> dict[str, importlib.metadata.EntryPoint]:
     """The adapter folders of this package (``prefetch/<name>/``), by the
     ``FRAMEWORK = "..."`` line of their ``__init__.py``, read without importing
-    them. Installed, the package's entry points declare the same; without its
-    metadata (a source tree, a vendored copy) a framework's arrays would
-    otherwise pass through uncopied."""
+    them: where no installed metadata declares them (a source tree, a vendored copy)."""
     found = {}
     for init in sorted(pathlib.Path(__file__).parent.glob("*/__init__.py")):
         try:

@@ -17,21 +17,15 @@ class Prefetcher(_Lifecycle, Generic[T]):
     """Produce the batches of ``source`` ahead of the consumer, as fresh arrays
     that nothing else can reach.
 
-    Iterating again after the stream ended starts a new epoch when ``source``
-    is re-iterable (a list, a DataLoader: ``iter(source)`` returns a new
-    iterator); over a one-shot iterator it raises ``RuntimeError`` instead of
-    silently yielding nothing.
+    Iterating again after the stream ended starts a new epoch over a
+    re-iterable ``source``; over a one-shot iterator it raises ``RuntimeError``.
 
-    Several threads may share one prefetcher, as they would a queue: each
-    batch goes to exactly one of them. ``iter()`` joins the epoch that is
-    running and starts the next one only once the stream ended, so threads
-    that each loop over the epochs share every epoch between them. A
-    ``next()`` still waiting when the stream ended (another thread took the
-    end, and may have started the next epoch) raises ``StopIteration``: it
-    ends with its epoch and never returns a batch of the next one.
-    ``ClosedError`` comes only from ``close()``. A signal handler that calls
-    ``next()`` while its thread waits in ``next()`` gets ``RuntimeError``
-    (the inner call would wait for the outer one forever).
+    Several threads may share one prefetcher, as a queue: each batch goes to
+    one of them. ``iter()`` joins the running epoch and starts the next only
+    once the stream ended; a ``next()`` still waiting then raises
+    ``StopIteration``, never a batch of the next epoch. ``ClosedError`` comes
+    only from ``close()``. A signal handler's ``next()`` while its thread
+    waits in ``next()`` raises ``RuntimeError`` (it would wait forever).
 
     Parameters
     ----------
@@ -53,20 +47,13 @@ class Prefetcher(_Lifecycle, Generic[T]):
     name : str or None
         Shown in ``repr``, errors and the worker thread's name.
     copy : {"auto", "always"}, default "auto"
-        ``"auto"``: an array leaf that only the prefetcher can reach is handed
-        over as is, without a copy: an exact ``numpy.ndarray`` that owns its
-        memory (allocated by numpy, no base), is C-contiguous, aligned and
-        writeable, holds no object references, has no weak reference and never
-        exported a buffer, and that the source no longer references, directly
-        or through the tuples, lists and dicts it sits in; so is a registered
-        leaf whose adapter's ``exclusive`` hook proves the same. Typically a
-        batch the source built afresh (``yield np.stack(samples)``). Every
-        other array leaf is copied into pooled memory. A raw address holds no
-        reference: a source that keeps one (``a.ctypes.data``, a copy of
-        ``a.__array_interface__``, an asynchronous C reader's pointer) and
-        writes there later would change a handed-over batch, and no check can
-        see that; give such a source ``copy="always"``.
-        ``"always"``: copy every array leaf into pooled memory.
+        ``"auto"``: an array leaf that only the prefetcher can reach (typically
+        a batch the source built afresh, ``yield np.stack(samples)``; the exact
+        rules: docs/prefetcher.md, "Copies and hand-over") is handed over as
+        is, every other one copied into pooled memory. A source that keeps a
+        raw address into an array it yields (``a.ctypes.data``, a C reader's
+        pointer) and writes there later needs ``"always"``: every array leaf
+        copied.
 
     Raises
     ------

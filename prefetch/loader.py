@@ -52,13 +52,6 @@ __all__ = ["Loader", "map", "sample_rng", "worker_info"]
 T = TypeVar("T")
 
 
-def _tell_epoch(sampler: Any, epoch: int) -> None:
-    """A sampler with set_epoch (a distributed sampler) reshuffles per epoch."""
-    set_epoch = getattr(sampler, "set_epoch", None)
-    if callable(set_epoch):
-        set_epoch(epoch)
-
-
 class _OwnOrder(NamedTuple):
     """An epoch whose order the Loader gives itself (no sampler): its key
     lists are a function of these alone (compared whole: equal orders, equal
@@ -87,9 +80,7 @@ def ints(perm: Any) -> Iterator[int]:
 
 def _batched(keys: Iterator[Any], size: Optional[int], drop_last: bool) -> Iterator[list[Any]]:
     """The key lists of ``size`` keys each (None: each key alone)."""
-    if size is None:
-        yield from ([k] for k in keys)
-        return
+    size = size or 1
     while True:
         chunk = list(itertools.islice(keys, size))
         if len(chunk) < size:
@@ -105,9 +96,9 @@ class _Epoch(_Iterator, Generic[T]):
 
     _core: _Core   # made with its epoch's core, which it keeps
 
-    def __init__(self, core: _Core, timeout: Optional[float], loader: "_Threaded") -> None:
+    def __init__(self, core: _Core, loader: "_Threaded[Any]") -> None:
         self._core = core
-        self._timeout = timeout
+        self._timeout = loader._timeout
         # Keeps the loader (and so its threads) alive while its epoch is
         # iterated: `for batch in Loader(...)` holds only this object.
         self._loader = loader
@@ -142,7 +133,7 @@ class _Epoch(_Iterator, Generic[T]):
         def __iter__(self) -> "_Epoch[T]": ...
 
 
-class _Threaded(_Lifecycle):
+class _Threaded(_Lifecycle, Generic[T]):
     """What Loader and map share: a _MapStage whose threads outlive the
     epochs, and a _Core per epoch that publishes its batches."""
 
@@ -218,7 +209,6 @@ class _Threaded(_Lifecycle):
             if old is not None:
                 old.end_replaced()   # a next() on its iterator meets the end of its epoch
             epoch, position = self._epoch, self._position
-            resume = None if position is None else position.resume
             record = None if position is None else position.begin(epoch)
             batches, n_keys, rows = self._keys(epoch)
             if record is not None and record.skipped is not None and record.numbers is not None:
@@ -228,7 +218,7 @@ class _Threaded(_Lifecycle):
             # one's may have been opened already (a resumed epoch skips some:
             # never opened ahead). From the second epoch on: a loader iterated
             # once never loads for an epoch it is not asked for.
-            order = self._order(epoch) if resume is None else None
+            order = self._order(epoch) if position is None or position.resume is None else None
             after = self._order(epoch + 1) if self._started else None
             self._started = True
             following = None if after is None else (after, epoch + 1, after.batches())
@@ -248,7 +238,7 @@ class _Threaded(_Lifecycle):
 
     def __iter__(self) -> Any:
         with self._epoch_lock:
-            epoch: _Epoch[Any] = _Epoch(self._start_epoch(), self._timeout, self)
+            epoch: _Epoch[Any] = _Epoch(self._start_epoch(), self)
             if self._position is not None and self._position.record is not None:
                 self._position.record.iterator = weakref.ref(epoch)
             return epoch
@@ -280,32 +270,29 @@ class _Threaded(_Lifecycle):
         return (f"<{type(self).__name__} name={self._name!r} workers={self._stage.threads} "
                 f"epoch={self._epoch - 1} state={state}>")
 
+    if TYPE_CHECKING:
+        def __next__(self) -> T: ...
 
-class Loader(_Threaded, Generic[T]):
+
+class Loader(_Threaded[T]):
     """Load ``dataset[i]`` on several threads and hand out whole batches, as
     fresh arrays that nothing else can reach.
 
-    Each epoch (each ``for`` loop over the loader) reads the sampler's indices
-    in order, calls ``dataset[i]`` on ``workers`` threads at once and, with
-    the default collate, copies every sample's arrays straight into its row of
-    a pooled batch, without the GIL, before that thread loads another sample.
-    Batches come out in sampler order (``ordered=False``: as they complete),
-    the same for every ``workers`` value.
+    Each epoch (each ``for`` loop) calls ``dataset[i]`` on ``workers`` threads
+    at once and, with the default collate, copies every sample's arrays
+    straight into its row of a pooled batch, without the GIL. Batches come out
+    in sampler order (``ordered=False``: as they complete), the same for every
+    ``workers`` value.
 
-    A ``Loader`` is an iterable, as a framework's DataLoader is: each
-    ``iter(loader)`` starts an epoch (ending the one before) and returns its
-    iterator, so ``it = iter(loader); next(it); for batch in it:`` continues
-    one epoch, and threads calling ``next()`` on one epoch iterator share it.
-    ``next(loader)`` takes from the current epoch, starting the first one if
-    none has started.
+    Each ``iter(loader)`` starts an epoch (ending the one before) and returns
+    its iterator, which threads may share; ``next(loader)`` takes from the
+    current epoch, starting the first one if none has (docs/loader.md, "Epochs").
 
-    ``dataset[i]`` runs on several threads at once: the dataset must allow
-    that (most do: in-memory data, files opened per call, decoders). One that
-    reads through a single shared handle (an open file, a database cursor)
-    must open one per thread, e.g. lazily in a ``threading.local``, or through
-    ``worker_init``. The global random generators (``random``, ``np.random``, a
-    framework's) are shared by the threads, so what they draw depends on
-    timing: draw augmentations from ``prefetch.sample_rng()`` instead.
+    ``dataset[i]`` runs on several threads at once: one that reads through a
+    single shared handle (an open file, a database cursor) must open one per
+    thread (a ``threading.local``, or ``worker_init``). The global random
+    generators are shared by the threads: draw augmentations from
+    ``prefetch.sample_rng()`` instead.
 
     Parameters
     ----------
@@ -330,12 +317,11 @@ class Loader(_Threaded, Generic[T]):
         Drop the last batch when it is smaller than ``batch_size``.
     workers : int or "auto", default "auto"
         Threads calling ``dataset[i]``. "auto" starts with one and doubles
-        them while the consumer waits for batches and a measured gain
-        follows, up to the CPUs this process may use, or beyond while those
-        stay idle (samples waiting on I/O); fewer when more do not help (a
-        dataset that holds the GIL). ``stats().workers`` shows the count,
-        ``stats().tune_reason`` why it stopped growing. Where the threads
-        take turns on the GIL, a ``prefetch.GILBoundWarning`` says so, once.
+        them while the consumer waits and that is measured faster, past the
+        CPUs only while they stay idle (I/O), fewer where more do not help;
+        ``stats().workers`` shows the count, ``stats().tune_reason`` why it
+        stopped growing. Where the threads take turns on the GIL, a
+        ``prefetch.GILBoundWarning`` says so, once.
     collate : callable(list of samples) -> batch, optional
         Replaces the default collate; runs on a loader thread, and its result
         is handed out like a ``Prefetcher`` batch (copied unless only it holds
@@ -350,25 +336,12 @@ class Loader(_Threaded, Generic[T]):
     epoch : int, default 0
         The number of the first epoch (see ``set_epoch``).
 
-    Without a ``sampler`` or ``batch_sampler`` the loader knows each epoch's
-    order before it starts, and from the second epoch on its threads load the
-    next epoch's first batches while the current epoch's last ones are
-    consumed (within ``depth`` and ``max_bytes``), so ``iter(loader)`` hands
-    them out at once; ``set_epoch`` to another epoch, ``load_state_dict`` and
-    ``close`` throw them away.
-
-    Resuming a run: ``state_dict()`` is a small JSON-serialisable dict saying
-    where the loader is (its seed, the epoch, which batches of it were
-    delivered); ``load_state_dict(state)`` on a new loader over the same data
-    makes the next ``iter(loader)`` deliver exactly the batches that an
-    uninterrupted run would have delivered next, with the same values,
-    order and ``sample_rng()`` streams. The order is given again by the
-    sampler (the loader's own shuffle depends on ``seed`` and the epoch
-    alone) and the batches already delivered are read and dropped, so a
-    custom sampler must give the same order again: one with
-    ``state_dict()``/``load_state_dict()`` has its state at the epoch's start
-    saved and restored; one without them must be deterministic for its
-    epoch (``set_epoch``).
+    Without a ``sampler`` or ``batch_sampler``, from the second epoch on, the
+    next epoch's first batches load while this one's last are consumed
+    (docs/loader.md, "Epochs"). ``state_dict()`` and ``load_state_dict()``
+    resume a run exactly (docs/loader.md, "Resuming a run"): a custom sampler
+    must give the same order again, through its own ``state_dict()`` and
+    ``load_state_dict()`` or by being deterministic for its epoch.
 
     Raises
     ------
@@ -434,8 +407,7 @@ class Loader(_Threaded, Generic[T]):
                                      "streams": self._streams, "ordered": options.ordered, **self._said})
 
     _position: Position
-    # A drop-in's fields of its resume state, in place of the Loader's own (Position's
-    # framework, order, batch_size).
+    # A drop-in's fields of its resume state (Position's framework, order, batch_size), over the Loader's.
     _said: dict[str, Any] = {}
     _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
     _stream: Optional[bool] = None   # a drop-in's word on whether its dataset is a stream (None: _is_stream's)
@@ -455,11 +427,8 @@ class Loader(_Threaded, Generic[T]):
             self._epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: a small JSON-serialisable dict (format and
-        version, seed, epoch, the batches of that epoch delivered so far, the
-        dataset's length, the batch size, the sampler's own ``state_dict()``
-        at the epoch's start where it has one; for an iterable dataset, each
-        worker's part instead of a length). Taken at any moment, from any
+        """Where the loader is: a small JSON-serialisable dict (its fields:
+        docs/loader.md, "Resuming a run"), taken at any moment, from any
         thread, without pausing the loader threads; batches loaded ahead and
         not yet delivered are not counted. Once an epoch has ended, the state
         is the next epoch's start."""
@@ -520,13 +489,11 @@ class Loader(_Threaded, Generic[T]):
             return (self._streams.count, self._streams.turn), -1, 1
         n = len(self.dataset)
         if self.batch_sampler is not None:
-            _tell_epoch(self.batch_sampler, epoch)
-            return self._iter_sampler(self.batch_sampler, "batch_sampler"), n, 1
+            return self._iter_sampler(self.batch_sampler, "batch_sampler", epoch), n, 1
         if self.sampler is None:   # the loader's own order: read lazily, on a loader thread
             batches = _OwnOrder(n, self._seed, epoch, self.shuffle, self.batch_size, self.drop_last).batches()
         else:
-            _tell_epoch(self.sampler, epoch)
-            batches = _batched(self._iter_sampler(self.sampler, "sampler"), self.batch_size, self.drop_last)
+            batches = _batched(self._iter_sampler(self.sampler, "sampler", epoch), self.batch_size, self.drop_last)
         return batches, n, self.batch_size or 1
 
     def _order(self, epoch: int) -> Any:
@@ -538,9 +505,14 @@ class Loader(_Threaded, Generic[T]):
 
     _sampler_read = False   # a one-shot sampler (an iterator) gave its epoch
 
-    def _iter_sampler(self, sampler: Any, arg: str) -> Iterator[Any]:
-        """iter(sampler); a one-shot one (a generator, an iterator: iter() returns it)
-        gives one epoch, and the next raises rather than come out empty."""
+    def _iter_sampler(self, sampler: Any, arg: str, epoch: int) -> Iterator[Any]:
+        """iter(sampler), told ``set_epoch(epoch)`` first where it has it (a
+        distributed sampler reshuffles per epoch); a one-shot one (a generator,
+        an iterator: iter() returns it) gives one epoch, and the next raises
+        rather than come out empty."""
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
         keys: Iterator[Any] = iter(sampler)
         if keys is sampler:
             if self._sampler_read:
@@ -568,17 +540,14 @@ class Loader(_Threaded, Generic[T]):
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     if TYPE_CHECKING:
-        def __next__(self) -> T: ...
         def __enter__(self) -> "Loader[T]": ...
 
 
 def _is_stream(dataset: Any) -> bool:
     """An iterable dataset: ``__iter__`` without ``__getitem__`` and
-    ``__len__``. Not a generator nor another iterator of Python's own (of
-    ``iter(list)``, ``map``, ``itertools``): those are one-shot, where each
-    worker thread iterates the dataset anew every epoch. A class of the
-    user's that is its own iterator is a stream whose ``__iter__`` restarts
-    it, as frameworks' iterable datasets may be."""
+    ``__len__``; not a one-shot iterator of Python's own (a generator, of
+    ``iter(list)``, ``map``, ``itertools``), while a user's class that is its
+    own iterator is a stream whose ``__iter__`` restarts it."""
     cls = type(dataset)
     one_shot = isinstance(dataset, collections.abc.Iterator) and (
         isinstance(dataset, types.GeneratorType) or cls.__module__ in ("builtins", "itertools"))
@@ -586,7 +555,7 @@ def _is_stream(dataset: Any) -> bool:
         and not one_shot
 
 
-class _Mapped(_Threaded, Generic[T]):
+class _Mapped(_Threaded[T]):
     """What ``prefetch.map`` returns."""
 
     def __init__(self, fn: Callable[[Any], T], iterable: Iterable[Any],
@@ -615,9 +584,6 @@ class _Mapped(_Threaded, Generic[T]):
         if not isinstance(self._iterable, collections.abc.Sized):
             raise TypeError(f"the iterable of {self!r} has no len()")
         return len(self._iterable)
-
-    if TYPE_CHECKING:
-        def __next__(self) -> T: ...
 
 
 def map(fn: Callable[[Any], T], iterable: Iterable[Any], *, workers: Any = "auto", ordered: bool = True,
