@@ -212,26 +212,20 @@ class DataLoader(_gluon_data.DataLoader):
     """``mx.gluon.data.DataLoader`` with the same signature, samplers and
     batches, loading on ``num_workers`` threads (one when it is 0).
 
-    The dataset is not pickled: a dataset holding locks, open files,
-    generators, weak references or ``multiprocessing`` objects works, and
-    ``dataset[i]`` must allow being called by several threads at once. With
-    ``num_workers > 0`` each thread loads from a shallow copy of its own (and
-    of each Gluon dataset inside it, a RecordIO reader through a reader of
-    its own), as each worker process holds a copy. Each iteration is a pass
-    of its own, as in Gluon; the threads are kept across passes, and
-    ``close()`` (or ``with``) stops them at once. ``state_dict()``/
-    ``load_state_dict()`` resume a run mid-pass. An exception from the
-    dataset or ``batchify_fn`` is raised as the same object, with a note
-    naming the sample and thread. What differs from Gluon's (``thread_pool``
-    ignored, ``timeout`` with any ``num_workers``, ``prefetch``,
-    ``auto_reload``): the drop-ins' page of the manual (docs/dropins.md).
+    Nothing is pickled; ``dataset[i]`` must allow being called by several
+    threads at once. With ``num_workers > 0`` each thread loads from a
+    shallow copy of its own (a RecordIO reader through a reader of its own),
+    as each worker process holds a copy. Each iteration is a pass of its
+    own, as in Gluon; the threads are kept across passes, and ``close()`` (or
+    ``with``) stops them at once. A dataset's exception is raised as itself,
+    with a note naming the sample and the thread. What differs from Gluon's:
+    docs/dropins.md.
 
-    ``loading`` (keyword only, not Gluon's) fixes where it loads:
-    ``"threads"``, ``"processes"`` (Gluon's own worker pool, as
-    ``thread_pool=False``), or ``"auto"`` (the default): threads, and where
-    they measure ``dataset[i]`` holding the GIL, Gluon's worker pool for the
-    rest of the pass and every later one, with one ``GILBoundWarning``
-    saying so (``stats().loading``). ValueError for any other value.
+    ``loading`` (keyword only, not Gluon's): ``"threads"``, ``"processes"``
+    (Gluon's own worker pool, as ``thread_pool=False``), or ``"auto"`` (the
+    default: threads, handing the rest of a pass, and every later one, to
+    Gluon's worker pool once they measure ``dataset[i]`` holding the GIL).
+    ValueError for any other value.
     """
 
     def __init__(self, dataset, batch_size=None, shuffle=False, sampler=None,
@@ -477,6 +471,8 @@ class DataLoader(_gluon_data.DataLoader):
             For a state of another format or version, dataset length, batch
             size, ``last_batch`` or order (shuffled or not, the samplers'
             kinds), or one truncated or edited; nothing changes.
+        prefetch.ClosedError
+            Once the DataLoader is closed.
         RuntimeError
             While a pass is in progress.
         """

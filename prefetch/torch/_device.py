@@ -1,5 +1,5 @@
 """``device=`` a ``torch.device``: validated once, in the
-Prefetcher's constructor; every array leaf of a batch delivered there as a
+prefetcher's or loader's constructor; every array leaf of a batch delivered there as a
 tensor; device memory returned at close.
 
 numpy leaves whose dtype torch can hold (bool, integers, floats, complex, in

@@ -2,10 +2,11 @@
 
 ``get_worker_info()`` gives a loader thread what
 ``torch.utils.data.get_worker_info()`` gives a worker process, read from
-prefetch's own ``worker_info()`` of the thread. For a
-map-style dataset ``thread_replica``, for an IterableDataset ``stream_replica``
-(the Loader's per_thread), then ``init_thread`` (its worker_init), run on each
-loader thread as it starts.
+prefetch's own ``worker_info()`` of the thread. For a map-style dataset
+``thread_replica`` (the Loader's per_thread), then ``init_thread`` (its
+worker_init), run on each loader thread as it starts; an IterableDataset's
+copies (``stream_replica``) are made with the epoch's Loader, on the
+consumer's thread.
 """
 from __future__ import annotations
 
@@ -45,13 +46,10 @@ def get_worker_info() -> WorkerInfo | None:
     these threads it returns what torch's own returns (in one of torch's
     worker processes, that worker's).
 
-    Importing ``prefetch.torch`` makes ``torch.utils.data.get_worker_info``
-    this function, and every module-level name bound to torch's before
-    (``from torch.utils.data import get_worker_info`` run earlier), so a
-    library that shards a stream by it (Hugging Face ``datasets``,
-    webdataset) sees its worker in these threads too. Not reached: torch's
-    function kept before that import elsewhere than in a module's namespace
-    (an object's attribute, a closure).
+    Importing ``prefetch.torch`` rebinds ``torch.utils.data.get_worker_info``
+    (and every module-level name bound to it) to this function, so libraries
+    that shard a stream by it see their worker in these threads too
+    (docs/dropins.md).
     """
     own = prefetch_worker_info()
     rng = getattr(_local, "rng", None)
