@@ -164,7 +164,6 @@ class _Threaded(_Lifecycle, Generic[T]):
         self._seed = int.from_bytes(os.urandom(16), "little") if options.seed is None else options.seed
         self._pool = _Pool()
         self._thread_states = adapters._capture_thread_states()
-        # workers="auto": past the CPUs only while the threads leave CPUs idle (waiting on I/O).
         auto = (AUTO_MAX_THREADS, usable_cpus()) if options.workers is None else None
         # The assembly is the device's one holder: the stage closes it.
         asm = assembly(mode, collate, self._pool, None if device is None else adapters._open_device(device),
@@ -300,7 +299,8 @@ class Loader(_Threaded[T]):
         is iterated by each thread from a copy of its own, sharded by
         ``prefetch.worker_info()``; ``workers="auto"`` is then one thread.
     batch_size : int or None, default 1
-        Samples per batch; None hands out every sample on its own (no collate).
+        Samples per batch; None hands out every sample on its own (as
+        ``collate(sample)`` where ``collate`` is given).
     shuffle : bool, default False
         A new order per epoch, from ``seed`` and the epoch alone when ``seed`` is given.
     sampler : iterable of indices, optional

@@ -384,12 +384,9 @@ class DataLoader(_gluon_data.DataLoader):
 
     def _hand_over(self, loader, handed):
         """The index lists of the pass begun that no thread opened go to
-        Gluon's worker pool: a Gluon ``DataLoader(num_workers=N,
-        thread_pool=False)`` (made here the first time) over those lists, with
-        the user's ``batchify_fn`` (None: Gluon's own default for processes),
-        pinning, prefetch and timeout, loads them while the threads finish
-        theirs: its batches, in order (``last_batch`` is the user's batch
-        sampler's, read on this side)."""
+        Gluon's worker pool (a Gluon ``DataLoader(thread_pool=False)``, made
+        here the first time), which loads them while the threads finish
+        theirs (``last_batch`` is the user's batch sampler's, read on this side)."""
         if self._gluon is None:
             self._gluon = _gluon_data.DataLoader(
                 self._dataset, batch_sampler=[], batchify_fn=self._given_batchify, num_workers=self._num_workers,
@@ -432,12 +429,9 @@ class DataLoader(_gluon_data.DataLoader):
         return order_part(isinstance(sampler, _gluon_data.RandomSampler), sampler, self._batch_sampler)
 
     def state_dict(self):
-        """Where the loader is: a small JSON-serialisable dict (the pass
-        started last and the batches of it delivered so far, numpy's global
-        generator and a ``rollover`` sampler's carried samples at that
-        pass's start, the seed of ``prefetch.sample_rng()``). After a
-        ``break``, where the loop stopped; between passes, the next pass's
-        start. Taken at any moment without pausing the threads."""
+        """Where the loader is: a small JSON-serialisable dict (docs/dropins.md),
+        taken at any moment without pausing the threads. After a ``break``,
+        where the loop stopped; between passes, the next pass's start."""
         with self._lock:
             loader = self._next
             if loader is None and self._iter is not None:
@@ -507,10 +501,8 @@ class DataLoader(_gluon_data.DataLoader):
             self.refresh()
 
     def stats(self):
-        """The counters of the pass begun last, as ``prefetch.Loader.stats()``
-        gives them (a ``prefetch.Stats``: its batches, the threads' time inside
-        ``dataset[i]``, ``load_parallelism``...; ``loading``: where it loads,
-        "threads" or Gluon's worker "processes"); all zero before the first pass."""
+        """The ``prefetch.Stats`` of the pass begun last (``loading``: "threads"
+        or Gluon's worker "processes"); all zero before the first pass."""
         loader = self._latest
         process_pass = self._process_pass
         if process_pass is not None and process_pass.source is loader:

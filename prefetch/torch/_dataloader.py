@@ -247,10 +247,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                      UserWarning)
 
     def stats(self) -> Stats:
-        """The counters of the epoch begun last, as ``prefetch.Loader.stats()``
-        gives them (a ``prefetch.Stats``: its batches, the threads' time inside
-        ``dataset[i]``, ``load_parallelism``...), also once it ended, was left
-        with a ``break`` or closed; all zero before the first epoch."""
+        """The ``prefetch.Stats`` of the epoch begun last (``loading``: "threads"
+        or torch's worker "processes"), also once it ended, was left with a
+        ``break`` or closed; all zero before the first epoch."""
         position = self._position
         if position is None:
             return Stats()
@@ -395,16 +394,14 @@ class _ThreadIter:
         # One GIL notice per DataLoader, though each epoch without persistent workers
         # has a Loader of its own.
         self._gil_noticed = loader._gil_noticed
+        # Each worker thread loads from a copy of its own, as each worker process;
+        # with num_workers=0 from the dataset itself, as torch's main process.
         if self._iterable:
-            # Each worker thread iterates a copy of its own (the dataset itself
-            # with num_workers=0, as torch's main process); torch's batch_size=None
-            # hands out collate_fn(sample) for each sample.
             per_thread: Any = stream_replica if loader.num_workers > 0 else lambda dataset, worker_id: dataset
+            # torch's batch_size=None hands out collate_fn(sample) for each sample.
             batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last, collate=collate)
         else:
             self._batches = _Batches(loader, ahead=self._ahead)
-            # Each thread loads from a copy of its own, as each worker process (not with
-            # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
             # batch_size=None: torch applies collate_fn to each sample itself.
             batching = dict(batch_sampler=self._batches,
