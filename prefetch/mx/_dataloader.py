@@ -212,10 +212,10 @@ class DataLoader(_gluon_data.DataLoader):
     """``mx.gluon.data.DataLoader`` with the same signature, samplers and
     batches, loading on ``num_workers`` threads (one when it is 0).
 
-    Nothing is pickled; ``dataset[i]`` must allow being called by several
-    threads at once. With ``num_workers > 0`` each thread loads from a
-    shallow copy of its own (a RecordIO reader through a reader of its own),
-    as each worker process holds a copy. Each iteration is a pass of its
+    On threads nothing is pickled; ``dataset[i]`` must allow being called
+    by several threads at once. With ``num_workers > 0`` each thread loads
+    from a shallow copy of its own (a RecordIO reader through a reader of its
+    own), as each worker process holds a copy. Each iteration is a pass of its
     own, as in Gluon; the threads are kept across passes, and ``close()`` (or
     ``with``) stops them at once. A dataset's exception is raised as itself,
     with a note naming the sample and the thread. What differs from Gluon's:
@@ -224,7 +224,8 @@ class DataLoader(_gluon_data.DataLoader):
     ``loading`` (keyword only, not Gluon's): ``"threads"``, ``"processes"``
     (Gluon's own worker pool, as ``thread_pool=False``), or ``"auto"`` (the
     default: threads, handing the rest of a pass, and every later one, to
-    Gluon's worker pool once they measure ``dataset[i]`` holding the GIL).
+    Gluon's worker pool, where it can run them, once the threads measure
+    ``dataset[i]`` holding the GIL).
     ValueError for any other value.
     """
 

@@ -97,8 +97,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """``torch.utils.data.DataLoader`` (a subclass: the same signature,
     samplers, batches and errors for bad arguments) loading on
     ``num_workers`` threads (0: one thread, with ``get_worker_info()`` None
-    and no ``worker_init_fn``, as torch's main-process loading). Nothing is
-    pickled; ``dataset[i]`` must allow being called by several threads at
+    and no ``worker_init_fn``, as torch's main-process loading). On threads
+    nothing is pickled; ``dataset[i]`` must allow being called by several threads at
     once. Each worker thread loads from a copy of the dataset, as each of
     torch's worker processes does; an ``IterableDataset`` shards itself
     through ``torch.utils.data.get_worker_info()``, which answers in these
@@ -107,15 +107,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ``loading`` (keyword only, not torch's): ``"threads"``, ``"processes"``
     (torch's own iterator and ``num_workers >= 1`` worker processes) or
     ``"auto"`` (the default: threads, handing a map-style epoch's rest to
-    torch's processes once they measure that ``dataset[i]`` holds the GIL);
-    ValueError for any other value.
+    torch's processes, where they can run it, once the threads measure that
+    ``dataset[i]`` holds the GIL); ValueError for any other value.
 
     A dataset's exception is raised as itself, with a note naming the sample
     and the thread; after a dataset's or ``collate_fn``'s error, ``next()``
-    goes on with the next batch, as torch's does. ``close()`` (or ``with``)
-    stops the threads at once, persistent or not. The differences from
-    torch's (copies, seeds, pinning, loading ahead, resuming):
-    docs/dropins.md.
+    goes on with the next batch, as torch's does. ``close()`` and ``with``
+    are not torch's; the other differences from torch's (copies, seeds,
+    pinning, loading ahead, resuming): docs/dropins.md.
     """
 
     _resume: dict[str, Any] | None = None   # load_state_dict(): what the next iterator continues
@@ -224,11 +223,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._resume, self._checked = copy.deepcopy(state), (resume, seed)
 
     def check_worker_number_rationality(self) -> None:
-        """torch's warning when ``num_workers`` exceeds the CPUs this process
-        may use (``torch._utils.cpu_count()``), said of threads: the same
-        ``UserWarning``, with torch's wording but "worker threads". It points
-        at the user's line, past torch's ``__init__`` and ``__iter__`` through
-        which it is called, from whichever constructor the user called."""
+        """torch's ``UserWarning`` when ``num_workers`` exceeds the CPUs this
+        process may use (``torch._utils.cpu_count()``), in torch's words but
+        "worker threads" (with ``loading="processes"``: "worker processes"),
+        at the user's line, past torch's ``__init__`` and ``__iter__``."""
         if not self.num_workers:
             return
         cpus = torch._utils.cpu_count()
@@ -306,8 +304,7 @@ _TORCHDATAS = frozenset(("_num_yielded", "_sampler_iter_state", "_index_sampler_
 
 
 def _refuse_torchdatas(state: Any) -> None:
-    """ValueError for a checkpoint torchdata's StatefulDataLoader saved: its
-    workers' snapshots have no counterpart in these threads, so it is named
+    """ValueError for a checkpoint torchdata's StatefulDataLoader saved, named
     as what it is rather than as a state with a bad format."""
     if isinstance(state, dict) and not _TORCHDATAS.isdisjoint(state):
         keys = sorted(_TORCHDATAS.intersection(state))

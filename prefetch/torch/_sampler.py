@@ -158,9 +158,7 @@ class _Batches:
 
     An epoch begins when the Loader iterates it (on the consumer's thread,
     inside ``iter(loader)``), after ``set_epoch`` has told it the Loader's
-    number for it. Its state is the ``sampler_side`` as that epoch begins: a
-    resumed epoch restores it, reads the sampler from its start, and the
-    Loader drops the batches delivered before.
+    number for it; its state is the ``sampler_side`` as it begins.
     """
 
     def __init__(self, loader: Any, ahead: int) -> None:

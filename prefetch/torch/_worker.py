@@ -36,15 +36,13 @@ _torch_get_worker_info = torch.utils.data._utils.worker.get_worker_info
 
 def get_worker_info() -> WorkerInfo | None:
     """torch's ``WorkerInfo`` (id, num_workers, seed, dataset, rng) of the
-    loader thread calling it, as ``torch.utils.data.get_worker_info()`` gives
-    it in a worker process; None on any other thread, and with
-    ``num_workers=0`` (torch loads in the main process then).
+    drop-in's loader thread calling it, as ``torch.utils.data.get_worker_info()``
+    gives it in a worker process; anywhere else (and with ``num_workers=0``)
+    what torch's own returns: None outside torch's worker processes.
 
-    ``rng`` holds per-thread ``random.Random``, ``torch.Generator`` and
-    ``numpy.random.Generator`` seeded with ``seed``: a thread cannot reseed
-    the process-wide generators as a worker process does. Called outside
-    these threads it returns what torch's own returns (in one of torch's
-    worker processes, that worker's).
+    ``rng`` holds the thread's own ``random.Random``, ``torch.Generator`` and
+    ``numpy.random.Generator``, seeded as torch seeds a thread worker's: a
+    thread cannot reseed the process-wide generators as a worker process does.
 
     Importing ``prefetch.torch`` rebinds ``torch.utils.data.get_worker_info``
     (and every module-level name bound to it) to this function, so libraries
