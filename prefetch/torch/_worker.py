@@ -40,9 +40,10 @@ def get_worker_info() -> WorkerInfo | None:
     gives it in a worker process; anywhere else (and with ``num_workers=0``)
     what torch's own returns: None outside torch's worker processes.
 
-    ``rng`` holds the thread's own ``random.Random``, ``torch.Generator`` and
-    ``numpy.random.Generator``, seeded as torch seeds a thread worker's: a
-    thread cannot reseed the process-wide generators as a worker process does.
+    ``rng`` holds the thread's own ``random.Random`` and ``torch.Generator``
+    seeded with ``seed``, and a ``numpy.random.Generator`` from ``(id,
+    base_seed)``: a thread cannot reseed the process-wide generators as a
+    worker process does.
 
     Importing ``prefetch.torch`` rebinds ``torch.utils.data.get_worker_info``
     (and every module-level name bound to it) to this function, so libraries
@@ -79,10 +80,9 @@ for _module, _name, _ in module_bindings(_torch_get_worker_info):
 
 class _ThreadRNG(_RNG):
     """torch's per-worker generators of one loader thread, each made when
-    first read, seeded as torch seeds a thread worker's: made up front they
-    cost memory (the process's first numpy Generator about 1.2 MiB, torch's
-    first draw about 0.5 MiB) a dataset that never draws from them would
-    pay for nothing."""
+    first read: made up front they cost memory (the process's first numpy
+    Generator about 1.2 MiB, torch's first draw about 0.5 MiB) a dataset
+    that never draws from them would pay for nothing."""
 
     def __init__(self, worker_id: int, base_seed: int) -> None:  # not the dataclass's: nothing made yet
         # torch's _RNG is frozen and slotted: this subclass's own __dict__ holds
