@@ -278,12 +278,11 @@ class Loader(_Threaded[T]):
     fresh arrays that nothing else can reach (docs/loader.md).
 
     The default collate copies every sample's arrays straight into its row of
-    a pooled batch, without the GIL. Batches come out in sampler order
-    (``ordered=False``: as they complete), the same for every ``workers``
-    value. Each ``iter(loader)`` starts an epoch (ending the one before) and
-    returns its iterator, which threads may share; ``next(loader)`` takes from
-    the current epoch, starting the first one if none has (docs/loader.md,
-    "Epochs").
+    a pooled batch, without the GIL; the batches are the same for every
+    ``workers`` value. Each ``iter(loader)`` starts an epoch (ending the one
+    before) and returns its iterator, which threads may share; ``next(loader)``
+    takes from the current epoch, starting the first one if none has
+    (docs/loader.md, "Epochs").
 
     ``dataset[i]`` runs on several threads at once: one that reads through a
     single shared handle (an open file, a database cursor) must open one per
@@ -322,6 +321,7 @@ class Loader(_Threaded[T]):
     seed : int, optional
         Makes the shuffle and ``prefetch.sample_rng()`` reproducible.
     ordered : bool, default True
+        Batches in sampler order; False: as they complete.
     depth, device, timeout, max_bytes, name
         As for ``Prefetcher``.
     worker_init : callable(worker_id), optional
