@@ -5,7 +5,7 @@ and it imports nothing else of the core (tests/core/test_framework_seam.py).
 A drop-in translates its framework's arguments and supplies the framework's
 sampler and worker idioms and its state's framework parts; it reads no
 private attribute of the Loader's objects, only what is declared here or on
-the epoch iterator (``failed_batches``, ``running``, ``stop()``). It gives the
+the epoch iterator (``failed_batches``, ``running``, ``stop()``). A map-style one gives the
 Loader the epoch's index lists as its ``batch_sampler``, each index passed to
 ``dataset[...]`` as the framework passes it (the dataset raises for a bad one).
 """

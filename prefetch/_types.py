@@ -6,8 +6,8 @@ from typing import Any
 
 
 class ClosedError(RuntimeError):
-    """``next()`` was called on a prefetcher after ``close()``: a loop over a
-    closed prefetcher fails loudly, never ends early."""
+    """A prefetcher or loader was used after (or during) its ``close()``: a
+    loop over a closed one fails loudly, never ends early."""
 
 
 class GILBoundWarning(UserWarning):
@@ -41,8 +41,8 @@ class GILBoundWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Stats:
-    """A snapshot of a prefetcher's counters, taken by ``Prefetcher.stats()``
-    (or ``Loader.stats()``). The batch counters (``produced`` to
+    """A snapshot of a prefetcher's or loader's counters, taken by its
+    ``stats()``. The batch counters (``produced`` to
     ``bytes_handed_over``) count the current epoch; the thread counters
     (``samples``, ``load_s``, ``loader_idle_s``, ``bytes_collated``) and the
     pool's count every epoch.

@@ -39,7 +39,7 @@ CopyPlan = _core.CopyPlan
 
 
 class Delivery(Protocol):
-    """What ``open(device)`` of :func:`register_device` returns; one per prefetcher."""
+    """What ``open(device)`` of :func:`register_device` returns; one per prefetcher or loader."""
 
     def deliver(self, leaf: Any) -> Any:
         """The leaf on the device; called for every array leaf of a batch, after
@@ -50,8 +50,8 @@ class Delivery(Protocol):
         is complete on the device (or ordered so that every later use sees it so)."""
 
     def close(self) -> None:
-        """Called once by ``Prefetcher.close()`` after the queued batches were
-        dropped: return their device memory (e.g. synchronise the stream). The
+        """Called once by the prefetcher's (or loader's) ``close()`` after the
+        queued batches were dropped: return their device memory (e.g. synchronise the stream). The
         same function as a leaf's ``close`` hook runs once for both."""
 
 
@@ -93,7 +93,7 @@ def register_leaf(cls: type, copy: Callable[[Any, Any], Any], *,
         other wrapper of it), and the leaf is handed over as is, without a
         copy. Anything else, or no hook, means copy.
     close : callable() -> None, optional
-        Run once by ``close()`` of every prefetcher that copied such a leaf,
+        Run once by ``close()`` of every prefetcher or loader that copied such a leaf,
         after its queued batches were dropped (e.g. an engine sync).
     """
     _check_hooks(cls, ("exclusive", "close"), copy=copy, exclusive=exclusive, close=close)
@@ -133,7 +133,7 @@ _device_types: dict[type, Callable[[Any], Delivery]] = {}
 def register_device(cls: type, open: Callable[[Any], Delivery], *,
                     hint: Optional[Callable[[str], Optional[str]]] = None) -> None:
     """Accept ``device=`` values of type ``cls``: ``open(device)``, called once
-    per prefetcher in its constructor, validates the device (``TypeError`` or
+    per prefetcher or loader in its constructor, validates the device (``TypeError`` or
     ``ValueError`` naming it) and returns a :class:`Delivery`. ``hint(name)``:
     for a ``device=`` string ("cuda:0"), refused, what to pass instead, or None."""
     _check_hooks(cls, ("hint",), open=open, hint=hint)
@@ -163,7 +163,7 @@ def register_thread_state(capture: Callable[[], Optional[Callable[[], None]]]) -
 
 
 def _capture_thread_states() -> tuple[Callable[[], None], ...]:
-    """For a Prefetcher's constructor: the ``apply`` of every thread state. The
+    """For a Prefetcher's or Loader's constructor: the ``apply`` of every thread state. The
     adapters of frameworks already imported are imported first, so that theirs
     are registered before any of their objects reached a batch."""
     for framework in _declared():

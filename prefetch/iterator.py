@@ -43,7 +43,8 @@ class Prefetcher(_Lifecycle, Generic[T]):
     timeout : float or None
         Longest wait for one batch in ``next()``; past it ``TimeoutError``.
     max_bytes : int or None
-        Cap on the bytes of the batches waiting in the ring (copied or handed over).
+        Cap on the bytes held ahead of the consumer, copied or handed over
+        (docs/contract.md, "Memory").
     name : str or None
         Shown in ``repr``, errors and the worker thread's name.
     copy : {"auto", "always"}, default "auto"

@@ -164,7 +164,6 @@ class _Threaded(_Lifecycle, Generic[T]):
         self._seed = int.from_bytes(os.urandom(16), "little") if options.seed is None else options.seed
         self._pool = _Pool()
         self._thread_states = adapters._capture_thread_states()
-        # workers="auto": past the CPUs only while the threads leave CPUs idle (waiting on I/O).
         auto = (AUTO_MAX_THREADS, usable_cpus()) if options.workers is None else None
         # The assembly is the device's one holder: the stage closes it.
         asm = assembly(mode, collate, self._pool, None if device is None else adapters._open_device(device),
@@ -276,35 +275,31 @@ class _Threaded(_Lifecycle, Generic[T]):
 
 class Loader(_Threaded[T]):
     """Load ``dataset[i]`` on several threads and hand out whole batches, as
-    fresh arrays that nothing else can reach.
+    fresh arrays that nothing else can reach (docs/loader.md).
 
-    Each epoch (each ``for`` loop) calls ``dataset[i]`` on ``workers`` threads
-    at once and, with the default collate, copies every sample's arrays
-    straight into its row of a pooled batch, without the GIL. Batches come out
-    in sampler order (``ordered=False``: as they complete), the same for every
-    ``workers`` value.
-
-    Each ``iter(loader)`` starts an epoch (ending the one before) and returns
-    its iterator, which threads may share; ``next(loader)`` takes from the
-    current epoch, starting the first one if none has (docs/loader.md, "Epochs").
+    The default collate copies every sample's arrays straight into its row of
+    a pooled batch, without the GIL; the batches are the same for every
+    ``workers`` value. Each ``iter(loader)`` starts an epoch (ending the one
+    before) and returns its iterator, which threads may share; ``next(loader)``
+    takes from the current epoch, starting the first one if none has
+    (docs/loader.md, "Epochs").
 
     ``dataset[i]`` runs on several threads at once: one that reads through a
     single shared handle (an open file, a database cursor) must open one per
-    thread (a ``threading.local``, or ``worker_init``). The global random
-    generators are shared by the threads: draw augmentations from
-    ``prefetch.sample_rng()`` instead.
+    thread (a ``threading.local``, or ``worker_init``). Draw augmentations
+    from ``prefetch.sample_rng()``, not from the global generators the
+    threads share.
 
     Parameters
     ----------
     dataset : object with ``__getitem__`` and ``__len__``, or an iterable dataset
         A list, a numpy array, a framework's map-style dataset... An iterable
-        dataset (``__iter__``, not both of those; not a generator or another one-shot
-        iterator, which is refused) is iterated by each thread from a copy of its own,
-        sharded by ``prefetch.worker_info()``, batches in turn from the threads still
-        running; ``shuffle``, ``sampler`` and ``batch_sampler`` do not apply, and
-        ``workers="auto"`` is one thread.
+        dataset (``__iter__``; not a generator or another one-shot iterator)
+        is iterated by each thread from a copy of its own, sharded by
+        ``prefetch.worker_info()``; ``workers="auto"`` is then one thread.
     batch_size : int or None, default 1
-        Samples per batch; None hands out every sample on its own (no collate).
+        Samples per batch; None hands out every sample on its own (as
+        ``collate(sample)`` where ``collate`` is given).
     shuffle : bool, default False
         A new order per epoch, from ``seed`` and the epoch alone when ``seed`` is given.
     sampler : iterable of indices, optional
@@ -316,19 +311,17 @@ class Loader(_Threaded[T]):
     drop_last : bool, default False
         Drop the last batch when it is smaller than ``batch_size``.
     workers : int or "auto", default "auto"
-        Threads calling ``dataset[i]``. "auto" starts with one and doubles
-        them while the consumer waits and that is measured faster, past the
-        CPUs only while they stay idle (I/O), fewer where more do not help;
-        ``stats().workers`` shows the count, ``stats().tune_reason`` why it
-        stopped growing. Where the threads take turns on the GIL, a
-        ``prefetch.GILBoundWarning`` says so, once.
+        Threads calling ``dataset[i]``; "auto" grows them while that is
+        measured faster (``stats().workers``, ``stats().tune_reason``). Where
+        the threads take turns on the GIL, a ``prefetch.GILBoundWarning``
+        says so, once.
     collate : callable(list of samples) -> batch, optional
         Replaces the default collate; runs on a loader thread, and its result
-        is handed out like a ``Prefetcher`` batch (copied unless only it holds
-        its arrays).
+        is handed out like a ``Prefetcher`` batch.
     seed : int, optional
         Makes the shuffle and ``prefetch.sample_rng()`` reproducible.
     ordered : bool, default True
+        Batches in sampler order; False: as they complete.
     depth, device, timeout, max_bytes, name
         As for ``Prefetcher``.
     worker_init : callable(worker_id), optional
@@ -336,12 +329,10 @@ class Loader(_Threaded[T]):
     epoch : int, default 0
         The number of the first epoch (see ``set_epoch``).
 
-    Without a ``sampler`` or ``batch_sampler``, from the second epoch on, the
-    next epoch's first batches load while this one's last are consumed
-    (docs/loader.md, "Epochs"). ``state_dict()`` and ``load_state_dict()``
-    resume a run exactly (docs/loader.md, "Resuming a run"): a custom sampler
-    must give the same order again, through its own ``state_dict()`` and
-    ``load_state_dict()`` or by being deterministic for its epoch.
+    ``state_dict()`` and ``load_state_dict()`` resume a run exactly
+    (docs/loader.md, "Resuming a run"): a custom sampler must give the same
+    order again, through its own ``state_dict()`` and ``load_state_dict()``
+    or by being deterministic for its epoch.
 
     Raises
     ------
@@ -444,6 +435,8 @@ class Loader(_Threaded[T]):
 
         Raises
         ------
+        TypeError
+            For a state that is not a dict.
         ValueError
             For a state of another format or version, dataset kind or length,
             batch size, seed, order (shuffled or not, the sampler's kind) or

@@ -4,8 +4,8 @@ context, ``PrefetchingIter``, a drop-in for ``mx.io.PrefetchingIter``, and
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: mxnet``) the first time a batch holds an MXNet
-object, ``device=`` is an MXNet context or a Prefetcher is made while MXNet
-is imported, and importing it registers the NDArray, DataBatch and Context
+object, ``device=`` is an MXNet context or a Prefetcher or Loader is made
+while MXNet is imported, and importing it registers the NDArray, DataBatch and Context
 types and carries MXNet's per-thread NumPy modes to the threads that load and copy.
 """
 from prefetch._framework import ClosedError

@@ -212,26 +212,21 @@ class DataLoader(_gluon_data.DataLoader):
     """``mx.gluon.data.DataLoader`` with the same signature, samplers and
     batches, loading on ``num_workers`` threads (one when it is 0).
 
-    The dataset is not pickled: a dataset holding locks, open files,
-    generators, weak references or ``multiprocessing`` objects works, and
-    ``dataset[i]`` must allow being called by several threads at once. With
-    ``num_workers > 0`` each thread loads from a shallow copy of its own (and
-    of each Gluon dataset inside it, a RecordIO reader through a reader of
-    its own), as each worker process holds a copy. Each iteration is a pass
-    of its own, as in Gluon; the threads are kept across passes, and
-    ``close()`` (or ``with``) stops them at once. ``state_dict()``/
-    ``load_state_dict()`` resume a run mid-pass. An exception from the
-    dataset or ``batchify_fn`` is raised as the same object, with a note
-    naming the sample and thread. What differs from Gluon's (``thread_pool``
-    ignored, ``timeout`` with any ``num_workers``, ``prefetch``,
-    ``auto_reload``): the drop-ins' page of the manual (docs/dropins.md).
+    On threads nothing is pickled; ``dataset[i]`` must allow being called
+    by several threads at once. With ``num_workers > 0`` each thread loads
+    from a shallow copy of its own (a RecordIO reader through a reader of its
+    own), as each worker process holds a copy. Each iteration is a pass of its
+    own, as in Gluon; the threads are kept across passes, and ``close()`` (or
+    ``with``) stops them at once. A dataset's exception is raised as itself,
+    with a note naming the sample and the thread. What differs from Gluon's:
+    docs/dropins.md.
 
-    ``loading`` (keyword only, not Gluon's) fixes where it loads:
-    ``"threads"``, ``"processes"`` (Gluon's own worker pool, as
-    ``thread_pool=False``), or ``"auto"`` (the default): threads, and where
-    they measure ``dataset[i]`` holding the GIL, Gluon's worker pool for the
-    rest of the pass and every later one, with one ``GILBoundWarning``
-    saying so (``stats().loading``). ValueError for any other value.
+    ``loading`` (keyword only, not Gluon's): ``"threads"``, ``"processes"``
+    (Gluon's own worker pool, as ``thread_pool=False``), or ``"auto"`` (the
+    default: threads, handing the rest of a pass, and every later one, to
+    Gluon's worker pool, where it can run them, once the threads measure
+    ``dataset[i]`` holding the GIL).
+    ValueError for any other value.
     """
 
     def __init__(self, dataset, batch_size=None, shuffle=False, sampler=None,
@@ -390,12 +385,9 @@ class DataLoader(_gluon_data.DataLoader):
 
     def _hand_over(self, loader, handed):
         """The index lists of the pass begun that no thread opened go to
-        Gluon's worker pool: a Gluon ``DataLoader(num_workers=N,
-        thread_pool=False)`` (made here the first time) over those lists, with
-        the user's ``batchify_fn`` (None: Gluon's own default for processes),
-        pinning, prefetch and timeout, loads them while the threads finish
-        theirs: its batches, in order (``last_batch`` is the user's batch
-        sampler's, read on this side)."""
+        Gluon's worker pool (a Gluon ``DataLoader(thread_pool=False)``, made
+        here the first time), which loads them while the threads finish
+        theirs (``last_batch`` is the user's batch sampler's, read on this side)."""
         if self._gluon is None:
             self._gluon = _gluon_data.DataLoader(
                 self._dataset, batch_sampler=[], batchify_fn=self._given_batchify, num_workers=self._num_workers,
@@ -438,12 +430,9 @@ class DataLoader(_gluon_data.DataLoader):
         return order_part(isinstance(sampler, _gluon_data.RandomSampler), sampler, self._batch_sampler)
 
     def state_dict(self):
-        """Where the loader is: a small JSON-serialisable dict (the pass
-        started last and the batches of it delivered so far, numpy's global
-        generator and a ``rollover`` sampler's carried samples at that
-        pass's start, the seed of ``prefetch.sample_rng()``). After a
-        ``break``, where the loop stopped; between passes, the next pass's
-        start. Taken at any moment without pausing the threads."""
+        """Where the loader is: a small JSON-serialisable dict (docs/dropins.md),
+        taken at any moment without pausing the threads. After a ``break``,
+        where the loop stopped; between passes, the next pass's start."""
         with self._lock:
             loader = self._next
             if loader is None and self._iter is not None:
@@ -477,6 +466,8 @@ class DataLoader(_gluon_data.DataLoader):
             For a state of another format or version, dataset length, batch
             size, ``last_batch`` or order (shuffled or not, the samplers'
             kinds), or one truncated or edited; nothing changes.
+        prefetch.ClosedError
+            Once the DataLoader is closed.
         RuntimeError
             While a pass is in progress.
         """
@@ -511,10 +502,8 @@ class DataLoader(_gluon_data.DataLoader):
             self.refresh()
 
     def stats(self):
-        """The counters of the pass begun last, as ``prefetch.Loader.stats()``
-        gives them (a ``prefetch.Stats``: its batches, the threads' time inside
-        ``dataset[i]``, ``load_parallelism``...; ``loading``: where it loads,
-        "threads" or Gluon's worker "processes"); all zero before the first pass."""
+        """The ``prefetch.Stats`` of the pass begun last (``loading``: "threads"
+        or Gluon's worker "processes"); all zero before the first pass."""
         loader = self._latest
         process_pass = self._process_pass
         if process_pass is not None and process_pass.source is loader:

@@ -1,5 +1,5 @@
 """``device=`` an MXNet context: validated once, in the
-Prefetcher's constructor; every array leaf delivered there as an NDArray; the
+prefetcher's or loader's constructor; every array leaf delivered there as an NDArray; the
 engine synchronised once, at close.
 
 Threading contract: ``deliver`` and ``ready`` run on the publisher thread with the
@@ -33,7 +33,7 @@ def as_context(device):
 
 
 class ContextDelivery:
-    """The Delivery (prefetch.adapters) for one prefetcher's MXNet context."""
+    """The Delivery (prefetch.adapters) for one prefetcher's or loader's MXNet context."""
 
     def __init__(self, device):
         self.ctx = as_context(device)

@@ -5,11 +5,11 @@ and NumPy-array semantics (Gluon's batchify and blocks make and take
 ``mx.np.ndarray``), and MXNet keeps both per thread. A source runs on the
 prefetcher's publisher thread (a dataset on a loader's threads): without its creator's modes a Gluon DataLoader's
 batchify would stack mx.np samples with a legacy operator (a TypeError) and
-0-d arrays would be unknown shapes. So each Prefetcher's constructor captures
-the modes of its thread, and those threads set them before their first
+0-d arrays would be unknown shapes. So each Prefetcher's or Loader's
+constructor captures the modes of its thread, and those threads set them before their first
 ``next(source)`` (or ``dataset[i]``).
 
-Threading contract: ``capture_np_modes`` runs in the Prefetcher constructor;
+Threading contract: ``capture_np_modes`` runs in the Prefetcher's or Loader's constructor;
 ``_apply`` on those threads, before the source runs there.
 """
 import functools

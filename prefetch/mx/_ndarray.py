@@ -13,7 +13,7 @@ from prefetch._framework import register_container, register_leaf
 from prefetch.mx import _engine
 from prefetch.mx._mxnet import _LIB, check_call, mx
 
-# CopyPlan (one per prefetcher) -> [its batch number, the copies made in that
+# CopyPlan (one per prefetcher or loader thread) -> [its batch number, the copies made in that
 # batch]. See _throttle.
 _previous = weakref.WeakKeyDictionary()
 

@@ -3,11 +3,10 @@ and ``DataLoader``, a drop-in for ``torch.utils.data.DataLoader`` that loads on 
 
 ``import prefetch`` never imports this package: the core imports it (entry
 point ``prefetch.adapters: torch``) the first time a batch holds a torch
-object or ``device=`` is a ``torch.device``, and importing it registers the
-Tensor and device types. Import it yourself for ``DataLoader``,
-``StatefulDataLoader`` (torchdata's), ``get_worker_info`` and ``patch()`` (torch's ``DataLoader`` becomes this one
-for code that builds it: Accelerate, the Hugging Face ``Trainer``; ``original("DataLoader")`` is torch's own class
-still).
+object, ``device=`` is a ``torch.device`` or a Prefetcher or Loader is made
+while torch is imported, and importing it registers the Tensor and device
+types. Import it yourself for ``DataLoader``, ``StatefulDataLoader``
+(torchdata's), ``get_worker_info`` and ``patch()`` (docs/pytorch.md).
 """
 from prefetch.torch import _collate, _device, _tensor  # noqa: F401  (register their types)
 from prefetch.torch._dataloader import DataLoader, StatefulDataLoader, get_worker_info

@@ -1,13 +1,7 @@
-"""``prefetch.torch.DataLoader``: ``torch.utils.data.DataLoader`` on threads.
-
-It *is* a ``torch.utils.data.DataLoader`` (a subclass): torch's own
-constructor validates every argument (same exception types and messages),
-builds the samplers (``RandomSampler`` with ``generator``,
-``SequentialSampler``, ``BatchSampler``), sets the attributes, and gives
-``len()``, ``DataLoader[T]`` and the persistent-workers logic. Only the
-iterator differs: ``num_workers`` threads of a ``prefetch.Loader`` instead
-of processes, over a map-style dataset or an ``IterableDataset`` alike; each
-thread is a worker (``_worker.py``).
+"""``prefetch.torch.DataLoader``: torch's constructor validates the
+arguments, builds the samplers and gives ``len()`` and the persistent-workers
+logic; only the iterator (``_ThreadIter``) is ours, each worker a thread of
+a ``prefetch.Loader`` (``_worker.py``).
 
 Threading contract: ``_Batches._take``, the collate for ``batch_size=None``
 and what ``_worker.py`` says run on loader threads; everything else on the
@@ -100,51 +94,27 @@ def _check_given(given: dict[str, Any], loading: str) -> None:
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
-    """``torch.utils.data.DataLoader`` with the same signature, the same
-    batches and the same errors for bad arguments, loading on threads:
-    ``num_workers`` threads (0: one thread, with ``get_worker_info()`` None and
-    no ``worker_init_fn``, as torch's main-process loading). docs/dropins.md
-    is the long form of what follows.
-
-    The dataset is not pickled (one holding locks, open files or generators
-    works), and ``dataset[i]`` must allow being called by several threads at
-    once. Each worker thread loads from a shallow copy of its own, as each
-    worker process holds a copy (with ``num_workers=0``, from the dataset
-    itself). An ``IterableDataset`` is iterated once per worker, from that
-    worker's copy (a deep one where it can be made), by that worker's thread
-    alone; it shards itself through ``torch.utils.data.get_worker_info()``,
-    which answers in these threads as in torch's worker processes.
+    """``torch.utils.data.DataLoader`` (a subclass: the same signature,
+    samplers, batches and errors for bad arguments) loading on
+    ``num_workers`` threads (0: one thread, with ``get_worker_info()`` None
+    and no ``worker_init_fn``, as torch's main-process loading). On threads
+    nothing is pickled; ``dataset[i]`` must allow being called by several threads at
+    once. Each worker thread loads from a copy of the dataset, as each of
+    torch's worker processes does; an ``IterableDataset`` shards itself
+    through ``torch.utils.data.get_worker_info()``, which answers in these
+    threads.
 
     ``loading`` (keyword only, not torch's): ``"threads"``, ``"processes"``
-    (torch's own iterator and worker processes, ``num_workers >= 1`` of them,
-    exactly as ``torch.utils.data.DataLoader``) or ``"auto"`` (the default:
-    threads, until they measure that ``dataset[i]`` holds the GIL; torch's
-    processes then load the rest of a map-style dataset, where they can, and
-    the warning says which; an ``IterableDataset`` and ``in_order=False``,
-    whose state names each batch handed out, stay on threads). ValueError for
-    any other value.
+    (torch's own iterator and ``num_workers >= 1`` worker processes) or
+    ``"auto"`` (the default: threads, handing a map-style epoch's rest to
+    torch's processes, where they can run it, once the threads measure that
+    ``dataset[i]`` holds the GIL); ValueError for any other value.
 
-    Differences from torch's:
-    - an exception from the dataset, ``collate_fn`` or ``worker_init_fn`` is
-      raised as the same object with its own traceback and a note naming the
-      sample and the thread; after the dataset's or ``collate_fn``'s error,
-      ``next()`` goes on with the next batch, as torch's does (a stream's
-      worker that raised has ended); any other error ends the epoch;
-    - a map-style dataset needs ``__len__``;
-    - ``timeout`` also applies with ``num_workers=0`` (torch's
-      ``RuntimeError``); ``pin_memory`` pins on the loader's publisher
-      thread; ``multiprocessing_context`` is validated, then ignored;
-    - at most ``prefetch_factor * num_workers`` batches are loaded ahead
-      (``prefetch_factor`` with ``num_workers=0``, where torch loads none);
-      ``persistent_workers`` keeps the threads (and a stream's replicas),
-      ``worker_init_fn`` running once, and the next epoch's first batches
-      load while this one's last are consumed, where its order is known ahead;
-    - seeds are torch's (``base_seed + worker_id``, drawn as torch draws them,
-      and the sampler read on the consumer's thread: the same seed gives
-      torch's shuffle); the process-wide generators are shared by the
-      threads: draw from ``get_worker_info().rng`` or ``prefetch.sample_rng()``.
-    ``close()`` (or ``with``) releases persistent threads at once; otherwise
-    they go with the DataLoader.
+    A dataset's exception is raised as itself, with a note naming the sample
+    and the thread; after a dataset's or ``collate_fn``'s error, ``next()``
+    goes on with the next batch, as torch's does. ``close()`` and ``with``
+    are not torch's; the other differences from torch's (copies, seeds,
+    pinning, loading ahead, resuming): docs/dropins.md.
     """
 
     _resume: dict[str, Any] | None = None   # load_state_dict(): what the next iterator continues
@@ -253,11 +223,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._resume, self._checked = copy.deepcopy(state), (resume, seed)
 
     def check_worker_number_rationality(self) -> None:
-        """torch's warning when ``num_workers`` exceeds the CPUs this process
-        may use (``torch._utils.cpu_count()``), said of threads: the same
-        ``UserWarning``, with torch's wording but "worker threads". It points
-        at the user's line, past torch's ``__init__`` and ``__iter__`` through
-        which it is called, from whichever constructor the user called."""
+        """torch's ``UserWarning`` when ``num_workers`` exceeds the CPUs this
+        process may use (``torch._utils.cpu_count()``), in torch's words but
+        "worker threads" (with ``loading="processes"``: "worker processes"),
+        at the user's line, past torch's ``__init__`` and ``__iter__``."""
         if not self.num_workers:
             return
         cpus = torch._utils.cpu_count()
@@ -276,10 +245,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                      UserWarning)
 
     def stats(self) -> Stats:
-        """The counters of the epoch begun last, as ``prefetch.Loader.stats()``
-        gives them (a ``prefetch.Stats``: its batches, the threads' time inside
-        ``dataset[i]``, ``load_parallelism``...), also once it ended, was left
-        with a ``break`` or closed; all zero before the first epoch."""
+        """The ``prefetch.Stats`` of the epoch begun last (``loading``: "threads"
+        or torch's worker "processes"), also once it ended, was left with a
+        ``break`` or closed; all zero before the first epoch."""
         position = self._position
         if position is None:
             return Stats()
@@ -336,8 +304,7 @@ _TORCHDATAS = frozenset(("_num_yielded", "_sampler_iter_state", "_index_sampler_
 
 
 def _refuse_torchdatas(state: Any) -> None:
-    """ValueError for a checkpoint torchdata's StatefulDataLoader saved: its
-    workers' snapshots have no counterpart in these threads, so it is named
+    """ValueError for a checkpoint torchdata's StatefulDataLoader saved, named
     as what it is rather than as a state with a bad format."""
     if isinstance(state, dict) and not _TORCHDATAS.isdisjoint(state):
         keys = sorted(_TORCHDATAS.intersection(state))
@@ -424,16 +391,14 @@ class _ThreadIter:
         # One GIL notice per DataLoader, though each epoch without persistent workers
         # has a Loader of its own.
         self._gil_noticed = loader._gil_noticed
+        # Each worker thread loads from a copy of its own, as each worker process;
+        # with num_workers=0 from the dataset itself, as torch's main process.
         if self._iterable:
-            # Each worker thread iterates a copy of its own (the dataset itself
-            # with num_workers=0, as torch's main process); torch's batch_size=None
-            # hands out collate_fn(sample) for each sample.
             per_thread: Any = stream_replica if loader.num_workers > 0 else lambda dataset, worker_id: dataset
+            # torch's batch_size=None hands out collate_fn(sample) for each sample.
             batching: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last, collate=collate)
         else:
             self._batches = _Batches(loader, ahead=self._ahead)
-            # Each thread loads from a copy of its own, as each worker process (not with
-            # num_workers=0: torch's main process loads from the dataset itself).
             per_thread = thread_replica if loader.num_workers > 0 else None
             # batch_size=None: torch applies collate_fn to each sample itself.
             batching = dict(batch_sampler=self._batches,

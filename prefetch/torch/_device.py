@@ -1,26 +1,20 @@
 """``device=`` a ``torch.device``: validated once, in the
-Prefetcher's constructor; every array leaf of a batch delivered there as a
+prefetcher's or loader's constructor; every array leaf of a batch delivered there as a
 tensor; device memory returned at close.
 
-numpy leaves whose dtype torch can hold (bool, integers, floats, complex, in
-native byte order) become tensors too, as MXNet contexts make them NDArrays:
-``device=`` asks for torch tensors on that device. Other numpy leaves (object,
-string, structured, big-endian) stay numpy arrays.
+numpy leaves whose dtype torch can hold become tensors too (``device=`` asks
+for torch tensors); the others (object, string, structured, big-endian) stay
+numpy arrays.
 
-CUDA: the core copies each leaf into pageable pool memory; ``deliver`` copies
-that into a pinned staging tensor from torch's caching host allocator (reused,
-so steady state pins nothing new) and starts a non-blocking host-to-device
-copy on the prefetcher's own stream; ``ready`` records one event on that
-stream per batch and waits for it (GIL released), so a batch is handed out
-only when its copies are complete. Pool blocks themselves are not pinned
+CUDA (``CudaDelivery``): pool blocks themselves are not pinned
 (``cudaHostRegister``): the core frees pool blocks on its own (trimming, close)
 without telling the adapter, and freeing registered memory without
-``cudaHostUnregister`` is undefined.
-Each device tensor is allocated on the prefetcher's stream and marked used
-on the stream that was current when the Prefetcher was built (the consumer's,
-normally the default stream), so the caching allocator does not reuse its
-memory before the consumer's work on it is done. A consumer that computes on
-another stream must call ``t.record_stream(its_stream)`` itself.
+``cudaHostUnregister`` is undefined; torch's caching host allocator stages
+them instead (reused: steady state pins nothing new). Each device tensor is
+marked used on the stream current when the prefetcher (or loader) was built
+(the consumer's), so the caching allocator does not reuse its memory before the
+consumer's work on it is done; a consumer that computes on another stream
+must call ``t.record_stream(its_stream)`` itself.
 
 Threading contract: ``deliver`` and ``ready`` run on the publisher thread with the
 GIL held, after the batch's host copies are complete; ``close`` in close().
@@ -64,8 +58,9 @@ class CpuDelivery:
 
 
 class CudaDelivery:
-    """``device=torch.device('cuda', i)``: pinned staging, non-blocking copy on
-    a stream of our own, one event per batch."""
+    """``device=torch.device('cuda', i)``: each leaf staged in pinned memory, a
+    non-blocking copy on a stream of our own, one event per batch waited for
+    (GIL released) before the batch is handed out."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -3,12 +3,9 @@ torchdata's ``StatefulDataLoader``) builds the drop-in instead, for the
 libraries and scripts that make loaders themselves (docs/pytorch.md says
 which names are rebound and which are kept).
 
-What takes a class's place is a stand-in: a subclass of the drop-in made
-once per class and named here (``prefetch.torch._patch.DataLoader``), so it
-and its loaders pickle by name in any process. ``isinstance``/``issubclass``
-against the stand-in itself also answer for the class it replaced (a loader
-made before the patch is still recognised); a class derived from the
-stand-in follows Python's rules, as any subclass.
+What takes a class's place is a stand-in (``_StandIn``): a subclass of the
+drop-in made once per class and named here (``prefetch.torch._patch.DataLoader``),
+so it and its loaders pickle by name in any process.
 """
 from __future__ import annotations
 
@@ -41,8 +38,9 @@ def original(name: str = "DataLoader") -> type:
 
 class _StandIn(type):
     """The metaclass of what patch() puts in a class's place: the drop-in, for
-    which isinstance/issubclass also answer for the class replaced. A class
-    derived from a stand-in answers as any class does."""
+    which isinstance/issubclass also answer for the class replaced (a loader
+    made before the patch is still recognised). A class derived from a
+    stand-in answers as any class does."""
 
     replaced: type
 

@@ -4,19 +4,13 @@ user sees).
 
 Where the threads measure that ``dataset[i]`` holds the GIL (the core's
 notice, passed here through ``on_notice``), the batches they have not opened
-go to torch's own ``_MultiProcessingDataLoaderIter``, over a torch
-``DataLoader`` that is the user's with its sampler replaced by those batches
-and its generator set to give the epoch's base seed: the same samples,
-order, seeds (``base_seed + worker_id``), ``worker_init_fn``,
-``collate_fn``, pinning and timeout as torch's. The batches the threads
-opened are finished by them and handed out first; every later epoch loads
-there from its start (where every batch was opened, the next epoch is the
-first there). The hand-over is mid-epoch, at the verdict: on a GIL-bound
-dataset an epoch finished on threads costs the whole epoch at a fraction of
-torch's speed (a text dataset measured: 0.59 x), which a run of a few
-epochs never wins back. An ``IterableDataset`` is not cut (each worker's
-position in the stream is its thread's): with ``loading="processes"``
-torch's workers read it from each epoch's start.
+go to torch's own ``_MultiProcessingDataLoaderIter`` (``Workers.begin``):
+the same samples, order, seeds, ``worker_init_fn``, ``collate_fn``, pinning
+and timeout as torch's; the batches the threads opened are finished by them
+and handed out first. The hand-over is mid-epoch, at the verdict: on a
+GIL-bound dataset an epoch finished on threads costs the whole epoch at a
+fraction of torch's speed (a text dataset measured: 0.59 x), which a run of
+a few epochs never wins back. An ``IterableDataset`` is not cut (``MID_STREAM``).
 """
 from __future__ import annotations
 

@@ -3,19 +3,15 @@ consumer's thread where torch's main process reads it, so a sampler that
 draws from a generator draws when it would under torch, whatever the
 threads' timing), and the orders known ahead.
 
-Where the sampler is one of torch's own whose order is a function of what
-can be read before the epoch (``SequentialSampler``; ``RandomSampler`` over
-a generator of the DataLoader's own, through its state), the epoch's order
-is a *plan* (``_Plan``): the Loader's threads take the batches from a
-private replay of that sampler, and open the next epoch's first batches
-while this one's last are consumed. The replay is torch's own classes over
-``range(n)`` and a copy of the generator, so it gives the batches torch's
-sampler gives; the real sampler is still read (for its draws), and the
-next epoch's early batches are kept only when its plan, read again as it
-begins, is the one they were opened for (the same length, batch size and
-generator state: no one drew from the generator in between). Its key
-lists are a ``Cut`` (``_Early``): cut for torch's worker processes as any
-epoch's, its batches opened early handed out first, from the threads.
+Where the sampler is one of torch's own whose order can be read before the
+epoch (``SequentialSampler``; ``RandomSampler`` over a CPU generator of its
+own), the epoch's order is a *plan* (``_Plan``): the Loader's threads take
+the batches from a replay of torch's own classes over ``range(n)`` and a
+copy of the generator, so they are the batches torch's sampler gives, and
+open the next epoch's first batches while this one's last are consumed. The
+real sampler is still read (for its draws); the next epoch's early batches
+are kept only when its plan, read again as it begins, is the one they were
+opened for (no one drew from the generator in between).
 
 torch's ``RandomSampler`` (without replacement) makes a list of every index
 for each permutation (1.5 M indices: about 58 MiB of int objects, held
@@ -162,9 +158,7 @@ class _Batches:
 
     An epoch begins when the Loader iterates it (on the consumer's thread,
     inside ``iter(loader)``), after ``set_epoch`` has told it the Loader's
-    number for it. Its state is the ``sampler_side`` as that epoch begins: a
-    resumed epoch restores it, reads the sampler from its start, and the
-    Loader drops the batches delivered before.
+    number for it; its state is the ``sampler_side`` as it begins.
     """
 
     def __init__(self, loader: Any, ahead: int) -> None:

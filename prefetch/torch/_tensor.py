@@ -7,12 +7,7 @@ the tensor. A plain contiguous tensor is read from its address
 (``plan.array_at``, its storage kept alive until the memcpy ran); any other
 is seen as a numpy array first (``.numpy()``, no copy) for ``plan.array``.
 
-What comes out of a copy is docs/pytorch.md's list: a plain ``torch.Tensor``
-copied by value (as ``t.detach().clone()``), C-contiguous but for a
-``channels_last`` input (a permuted contiguous tensor: one memcpy, permuted
-back); a plain Python subclass keeps its type and its ``__dict__``, walked
-like a batch (``plan.copy_state``); a CUDA tensor is cloned on its device;
-what the core cannot read as one block raises a TypeError naming it.
+What comes out of a copy: docs/pytorch.md, "What comes out".
 
 Hand-over without a copy: when the core has proven that only the batch holds
 the tensor object, ``exclusive`` proves that only that object reaches its

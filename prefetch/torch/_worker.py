@@ -2,10 +2,11 @@
 
 ``get_worker_info()`` gives a loader thread what
 ``torch.utils.data.get_worker_info()`` gives a worker process, read from
-prefetch's own ``worker_info()`` of the thread. For a
-map-style dataset ``thread_replica``, for an IterableDataset ``stream_replica``
-(the Loader's per_thread), then ``init_thread`` (its worker_init), run on each
-loader thread as it starts.
+prefetch's own ``worker_info()`` of the thread. For a map-style dataset
+``thread_replica`` (the Loader's per_thread), then ``init_thread`` (its
+worker_init), run on each loader thread as it starts; an IterableDataset's
+copies (``stream_replica``) are made with the epoch's Loader, on the
+consumer's thread.
 """
 from __future__ import annotations
 
@@ -35,23 +36,19 @@ _torch_get_worker_info = torch.utils.data._utils.worker.get_worker_info
 
 def get_worker_info() -> WorkerInfo | None:
     """torch's ``WorkerInfo`` (id, num_workers, seed, dataset, rng) of the
-    loader thread calling it, as ``torch.utils.data.get_worker_info()`` gives
-    it in a worker process; None on any other thread, and with
-    ``num_workers=0`` (torch loads in the main process then).
+    drop-in's loader thread calling it, as ``torch.utils.data.get_worker_info()``
+    gives it in a worker process; anywhere else (and with ``num_workers=0``)
+    what torch's own returns: None outside torch's worker processes.
 
-    ``rng`` holds per-thread ``random.Random``, ``torch.Generator`` and
-    ``numpy.random.Generator`` seeded with ``seed``: a thread cannot reseed
-    the process-wide generators as a worker process does. Called outside
-    these threads it returns what torch's own returns (in one of torch's
-    worker processes, that worker's).
+    ``rng`` holds the thread's own ``random.Random`` and ``torch.Generator``
+    seeded with ``seed``, and a ``numpy.random.Generator`` from ``(id,
+    base_seed)``: a thread cannot reseed the process-wide generators as a
+    worker process does.
 
-    Importing ``prefetch.torch`` makes ``torch.utils.data.get_worker_info``
-    this function, and every module-level name bound to torch's before
-    (``from torch.utils.data import get_worker_info`` run earlier), so a
-    library that shards a stream by it (Hugging Face ``datasets``,
-    webdataset) sees its worker in these threads too. Not reached: torch's
-    function kept before that import elsewhere than in a module's namespace
-    (an object's attribute, a closure).
+    Importing ``prefetch.torch`` rebinds ``torch.utils.data.get_worker_info``
+    (and every module-level name bound to it) to this function, so libraries
+    that shard a stream by it see their worker in these threads too
+    (docs/dropins.md).
     """
     own = prefetch_worker_info()
     rng = getattr(_local, "rng", None)
@@ -83,10 +80,9 @@ for _module, _name, _ in module_bindings(_torch_get_worker_info):
 
 class _ThreadRNG(_RNG):
     """torch's per-worker generators of one loader thread, each made when
-    first read, seeded as torch seeds a thread worker's: made up front they
-    cost memory (the process's first numpy Generator about 1.2 MiB, torch's
-    first draw about 0.5 MiB) a dataset that never draws from them would
-    pay for nothing."""
+    first read: made up front they cost memory (the process's first numpy
+    Generator about 1.2 MiB, torch's first draw about 0.5 MiB) a dataset
+    that never draws from them would pay for nothing."""
 
     def __init__(self, worker_id: int, base_seed: int) -> None:  # not the dataclass's: nothing made yet
         # torch's _RNG is frozen and slotted: this subclass's own __dict__ holds
