@@ -156,29 +156,20 @@ def _skipping(batches: Iterator[list[Any]], resume: _Resume, numbers: list[int])
         yield keys
 
 
-class Identity:
+class Identity(NamedTuple):
     """What a loader's resume state says it is, in one place: written into
     each state built here (``state``) and required of each one loaded
-    (``check``). Over ``dataset`` (``stream``: iterable, one part per worker
-    of its ``workers``) with ``batch_size``, ``order`` (``order_part``'s),
-    ``framework`` (a drop-in's part, with its "name"; None: the Loader) and
-    ``sampler_state`` (its sampler has a state of its own). Messages call the
-    loader ``owner``. A front door checks the parts it owns itself (its
+    (``check``). A front door checks the parts it owns itself (its
     sampler's, its framework's), after ``check``."""
 
-    __slots__ = ("dataset", "stream", "batch_size", "order", "framework", "workers", "sampler_state", "owner")
-
-    def __init__(self, dataset: Any, *, stream: bool, batch_size: Any, order: dict[str, Any],
-                 sampler_state: bool, framework: Any = None, workers: Optional[int] = None,
-                 owner: str = "loader") -> None:
-        self.dataset = dataset
-        self.stream = stream
-        self.batch_size = batch_size
-        self.order = order
-        self.sampler_state = sampler_state
-        self.framework = framework
-        self.workers = workers
-        self.owner = owner
+    dataset: Any
+    stream: bool                 # the dataset is iterable: one part per worker of its ``workers``
+    batch_size: Any
+    order: dict[str, Any]        # order_part's
+    sampler_state: bool          # its sampler has a state of its own
+    framework: Any = None        # a drop-in's part, with its "name"; None: the Loader
+    workers: Optional[int] = None
+    owner: str = "loader"        # what messages call the loader
 
     def length(self) -> Optional[int]:
         """The dataset's length now (each epoch reads it as it starts); None for a stream."""
