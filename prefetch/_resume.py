@@ -347,12 +347,3 @@ class Position:
             prefix = sum(p["batches"] for p in parts["workers"])
         return self.identity.state(seed=seed, epoch=epoch, prefix=prefix, extras=extras, sampler=sampler,
                                    streams=copy.deepcopy(parts))
-
-    def check(self, state: Any, seed: Optional[int], batches_per_epoch: int) -> tuple[_Resume, int]:
-        """``Identity.check`` of ``state`` (``seed``: the loader's own, None:
-        any), and its sampler's part by the sampler: ``state``'s resume and
-        seed, nothing changed."""
-        resume, seed = self.identity.check(state, seed, batches_per_epoch)
-        if self.sampler is not None and resume.sampler is not None:
-            try_state(self.sampler, resume.sampler)   # the sampler's part: its own to check
-        return resume, seed

@@ -43,7 +43,7 @@ from prefetch._options import (
     check_int,
     usable_cpus,
 )
-from prefetch._resume import Identity, Position, _Resume, _skipping, order_part, stateful
+from prefetch._resume import Identity, Position, _Resume, _skipping, order_part, stateful, try_state
 from prefetch._streams import Workers, stream_copy
 from prefetch._types import ClosedError, Stats
 
@@ -460,12 +460,14 @@ class Loader(_Threaded[T]):
             total = len(self)
         except TypeError:
             total = -1   # a stream, or a sampler without len(): nothing to check against
-        self._load_checked(*self._position.check(state, self._seed if self._options.seed is not None else None,
-                                                 total))
+        position = self._position
+        resume, seed = position.identity.check(state, self._seed if self._options.seed is not None else None, total)
+        if position.sampler is not None and resume.sampler is not None:
+            try_state(position.sampler, resume.sampler)   # the sampler's part: its own to check
+        self._load_checked(resume, seed)
 
     def _load_checked(self, resume: _Resume, seed: int) -> None:
-        """Continue where a state checked by ``Position.check`` (or a drop-in's
-        ``Identity.check``) was taken."""
+        """Continue where a state checked by ``load_state_dict`` (or a drop-in's) was taken."""
         with self._epoch_lock:
             if self._closing:
                 raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")

@@ -189,11 +189,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         position = self._position
         if position is not None and not position.spent:
             return position.source.state_dict()  # type: ignore[no-any-return]
-        return self._fresh_state()
-
-    def _fresh_state(self) -> dict[str, Any]:
-        """The state of a new iterator made now: its seed and epoch drawn from
-        where the generator is (read through a copy: nothing is drawn)."""
+        # A new iterator's state: its seed and epoch drawn from where the
+        # generator is (read through a copy: nothing is drawn).
         draw = loader_generator(self).clone_state()
         seed = draw_seed(draw)
         sampler = streams = None
