@@ -58,21 +58,20 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     ``remedy``: the framework's process loader, named in the GIL warning.
     ``per_thread``: (dataset, worker_id) -> that thread's own dataset (as each
     worker process holds; for a stream, the copy its worker iterates).
-    ``stream``: the dataset is iterable, whatever else it has. ``lookahead``:
-    at most that many batches opened and not yet taken (0: the Loader's own
-    bounds only). ``go_on``: a batch whose sample or collate raised is that
-    batch's error and the epoch goes on. ``gil_noticed``: the GIL warning was
-    given already, not again. ``on_notice``: gets the ``GILBoundWarning``, on
-    the consumer's thread, instead of its being raised. ``identity``: what
-    its resume state is of, the drop-in's (its framework part, order and
-    batch size)."""
+    ``lookahead``: at most that many batches opened and not yet taken (0:
+    the Loader's own bounds only). ``go_on``: a batch whose sample or
+    collate raised is that batch's error and the epoch goes on.
+    ``gil_noticed``: the GIL warning was given already, not again.
+    ``on_notice``: gets the ``GILBoundWarning``, on the consumer's thread,
+    instead of its being raised. ``identity``: what its resume state is of,
+    the drop-in's (its framework part, order and batch size; its
+    ``stream``: the dataset is iterable, whatever else it has)."""
 
     def __init__(self, dataset: Any, *, remedy: str, identity: Optional[Identity] = None,
                  per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
-                 on_notice: Optional[Callable[[Warning], None]] = None, stream: bool = False,
-                 **kwargs: Any) -> None:
-        self._stream = stream
+                 on_notice: Optional[Callable[[Warning], None]] = None, **kwargs: Any) -> None:
+        self._stream = stream = identity is not None and identity.stream
         self._replicate = per_thread if stream else None
         self._hooks = dict(remedy=f"{remedy} (processes), wrapped in prefetch.Prefetcher to keep the same "
                                   "batch guarantees", lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,

@@ -437,7 +437,7 @@ class _ThreadIter:
         self._source = FrameworkLoader(loader.dataset, per_thread=per_thread, worker_init=init, seed=base_seed,
                                        lookahead=self._ahead, go_on=True, gil_noticed=self._gil_noticed[0],
                                        device=PinnedHost() if self._pin else None,
-                                       identity=loader._identity(framework), stream=self._iterable,
+                                       identity=loader._identity(framework),
                                        remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
                                        # workers to hand the batches to (one thread: no notice)
                                        on_notice=self._choice.on_notice(loader.num_workers > 0),
