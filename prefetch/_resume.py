@@ -70,14 +70,13 @@ class _Record:
     one epoch's fields together. Its ``core`` and ``stage`` are set as the
     epoch starts (``Position.started``), before anything reads them."""
 
-    __slots__ = ("epoch", "core", "stage", "ordered", "skipped", "numbers", "sampler", "lock", "seen",
+    __slots__ = ("epoch", "core", "stage", "skipped", "numbers", "sampler", "lock", "seen",
                  "prefix", "done", "iterator")
     core: _Core
     stage: _MapEpoch
 
-    def __init__(self, epoch: int, skipped: Optional[_Resume], sampler: Any, ordered: bool) -> None:
+    def __init__(self, epoch: int, skipped: Optional[_Resume], sampler: Any) -> None:
         self.epoch = epoch
-        self.ordered = ordered
         self.skipped = skipped               # the resume this epoch continues, if any
         # With a resume: the number in the whole epoch of each key list the stage read.
         self.numbers: Optional[list[int]] = None if skipped is None else []
@@ -101,14 +100,14 @@ class _Record:
         its place, the epoch going on (a drop-in's policy), was delivered too."""
         return self.core.consumed + self.core.failed
 
-    def delivered(self) -> tuple[int, list[int]]:
-        """The batches delivered so far: all those numbered below the first
-        returned, and the (sorted) numbers of those past it."""
+    def delivered(self, ordered: bool) -> tuple[int, list[int]]:
+        """The batches delivered so far (``ordered``: in order): all those
+        numbered below the first returned, and the (sorted) numbers of those past it."""
         skipped, numbers, taken = self.skipped, self.numbers, self.taken()
-        if self.ordered and (skipped is None or not skipped.extras):
+        if ordered and (skipped is None or not skipped.extras):
             return self.prefix + taken, []   # in order: a count
         with self.lock:
-            ks: Iterable[int] = range(self.seen, taken) if self.ordered else self.stage.order[self.seen:taken]
+            ks: Iterable[int] = range(self.seen, taken) if ordered else self.stage.order[self.seen:taken]
             done = self.done
             done.update(ks if numbers is None else (numbers[j] for j in ks))
             self.seen = max(self.seen, taken)
@@ -126,8 +125,8 @@ class StreamRecord(_Record):
 
     __slots__ = ("parts", "turn")
 
-    def __init__(self, epoch: int, parts: list[dict[str, Any]], turn: int, ordered: bool) -> None:
-        super().__init__(epoch, None, None, ordered)
+    def __init__(self, epoch: int, parts: list[dict[str, Any]], turn: int) -> None:
+        super().__init__(epoch, None, None)
         self.parts = parts
         self.turn = turn
 
@@ -307,11 +306,11 @@ class Position:
         resume = self.resume
         if self.streams is not None:
             parts, turn = self.streams.begin(epoch, None if resume is None else resume.streams)
-            return StreamRecord(epoch, parts, turn, self.ordered)
+            return StreamRecord(epoch, parts, turn)
         sampler = self.sampler
         if sampler is not None and resume is not None and resume.sampler is not None:
             sampler.load_state_dict(resume.sampler)
-        return _Record(epoch, resume, None if sampler is None else sampler.state_dict(), self.ordered)
+        return _Record(epoch, resume, None if sampler is None else sampler.state_dict())
 
     def started(self, record: _Record, core: _Core, stage: _MapEpoch) -> None:
         """The epoch ``record`` began runs on ``core``: it is the one ``state_dict()`` reads."""
@@ -342,7 +341,7 @@ class Position:
             epoch, sampler, parts = record.epoch, None, record.streams()
         else:
             epoch, sampler, parts = record.epoch, record.sampler, None
-            prefix, extras = record.delivered()
+            prefix, extras = record.delivered(self.ordered)
         if parts is not None:   # a stream: the batches its workers delivered
             prefix = sum(p["batches"] for p in parts["workers"])
         return self.identity.state(seed=seed, epoch=epoch, prefix=prefix, extras=extras, sampler=sampler,
