@@ -29,7 +29,7 @@ from prefetch._options import (
     check_num_workers,
 )
 from prefetch._replica import replica
-from prefetch._resume import check_state, make_state, order_part, stateful, try_state
+from prefetch._resume import Identity, order_part, stateful, try_state
 from prefetch._streams import start_part, stream_copy
 from prefetch._types import ClosedError, GILBoundWarning, Stats
 from prefetch._warn import machinery
@@ -44,15 +44,12 @@ from prefetch.adapters import (
 from prefetch.iterator import Prefetcher
 from prefetch.loader import Loader, ints, worker_info
 
-__all__ = ["MAX_EPOCH", "Choice", "ClosedError", "Cut", "FrameworkLoader", "GILBoundWarning", "Options",
-           "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int", "check_loading",
-           "check_num_workers", "check_state", "close_when_dropped", "ints", "machinery", "make_state",
-           "order_part", "ProcessEpoch", "register_collate", "register_container", "register_device", "register_leaf",
+__all__ = ["MAX_EPOCH", "Choice", "ClosedError", "Cut", "FrameworkLoader", "GILBoundWarning", "Identity",
+           "Options", "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int",
+           "check_loading", "check_num_workers", "close_when_dropped", "ints", "machinery", "order_part",
+           "ProcessEpoch", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
            "stream_copy", "try_state", "unpicklable", "warn_at_user", "worker_info"]
-
-
-_OWN = object()   # said_batch_size not given: the Loader's own batch_size
 
 
 class FrameworkLoader(Loader):  # type: ignore[type-arg]
@@ -61,35 +58,30 @@ class FrameworkLoader(Loader):  # type: ignore[type-arg]
     ``remedy``: the framework's process loader, named in the GIL warning.
     ``per_thread``: (dataset, worker_id) -> that thread's own dataset (as each
     worker process holds; for a stream, the copy its worker iterates).
-    ``stream``: the dataset is iterable, whatever else it has. ``lookahead``:
-    at most that many batches opened and not yet taken (0: the Loader's own
-    bounds only). ``go_on``: a batch whose sample or collate raised is that
-    batch's error and the epoch goes on. ``gil_noticed``: the GIL warning was
-    given already, not again. ``on_notice``: gets the ``GILBoundWarning``, on
-    the consumer's thread, instead of its being raised. ``framework``: the
-    drop-in's part of the resume state; ``order``: what decides its order
-    there (``order_part`` of the framework's samplers)."""
+    ``lookahead``: at most that many batches opened and not yet taken (0:
+    the Loader's own bounds only). ``go_on``: a batch whose sample or
+    collate raised is that batch's error and the epoch goes on.
+    ``gil_noticed``: the GIL warning was given already, not again.
+    ``on_notice``: gets the ``GILBoundWarning``, on the consumer's thread,
+    instead of its being raised. ``identity``: what its resume state is of,
+    the drop-in's (its framework part, order and batch size; its
+    ``stream``: the dataset is iterable, whatever else it has)."""
 
-    def __init__(self, dataset: Any, *, remedy: str, order: Optional[dict[str, Any]] = None,
+    def __init__(self, dataset: Any, *, remedy: str, identity: Optional[Identity] = None,
                  per_thread: Optional[Callable[[Any, int], Any]] = None,
                  lookahead: int = 0, go_on: bool = False, gil_noticed: bool = False,
-                 on_notice: Optional[Callable[[Warning], None]] = None,
-                 framework: Optional[dict[str, Any]] = None, said_batch_size: Any = _OWN, stream: bool = False,
-                 **kwargs: Any) -> None:
-        self._stream = stream
+                 on_notice: Optional[Callable[[Warning], None]] = None, **kwargs: Any) -> None:
+        self._stream = stream = identity is not None and identity.stream
         self._replicate = per_thread if stream else None
         self._hooks = dict(remedy=f"{remedy} (processes), wrapped in prefetch.Prefetcher to keep the same "
                                   "batch guarantees", lookahead=lookahead, go_on=go_on, gil_noticed=gil_noticed,
                            on_notice=on_notice,
                            # each thread's dataset; a partial: the threads keep no loader alive
                            per_thread=None if per_thread is None or stream else functools.partial(per_thread, dataset))
-        # What its resume state records and checks: the drop-in's part, and
-        # the framework's order and batch size (its batch sampler makes the batches).
-        self._said = dict(framework=framework, **({} if order is None else {"order": order}),
-                          **({} if said_batch_size is _OWN else {"batch_size": said_batch_size}))
+        self._identity = identity
         super().__init__(dataset, **kwargs)
 
-    # A state the drop-in's load_state_dict checked (check_state, its parts by their owners): not again.
+    # A state the drop-in's load_state_dict checked (Identity.check, its parts by their owners): not again.
     load_checked = Loader._load_checked
 
     @property

@@ -43,7 +43,7 @@ from prefetch._options import (
     check_int,
     usable_cpus,
 )
-from prefetch._resume import Position, _Resume, _skipping, order_part
+from prefetch._resume import Identity, Position, _Resume, _skipping, order_part, stateful, try_state
 from prefetch._streams import Workers, stream_copy
 from prefetch._types import ClosedError, Stats
 
@@ -392,14 +392,14 @@ class Loader(_Threaded[T]):
         if stream:
             self._streams = Workers(dataset, workers, batch_size or 1, drop_last, self._replicate or stream_copy)
         self._setup(None if stream else dataset.__getitem__, mode, collate, options, device, worker_init)
-        self._position = Position(**{"dataset": dataset, "batch_size": batch_size,
-                                     "order": order_part(shuffle, sampler, batch_sampler),
-                                     "sampler": batch_sampler if batch_sampler is not None else sampler,
-                                     "streams": self._streams, "ordered": options.ordered, **self._said})
+        holder = batch_sampler if batch_sampler is not None else sampler
+        identity = self._identity or Identity(
+            dataset, stream=stream, batch_size=batch_size, order=order_part(shuffle, sampler, batch_sampler),
+            sampler_state=stateful(holder), workers=None if self._streams is None else self._streams.count)
+        self._position = Position(identity, sampler=holder, streams=self._streams, ordered=options.ordered)
 
     _position: Position
-    # A drop-in's fields of its resume state (Position's framework, order, batch_size), over the Loader's.
-    _said: dict[str, Any] = {}
+    _identity: Optional[Identity] = None   # a drop-in's, what its resume state is of (None: the Loader's own)
     _replicate: Optional[Callable[[Any, int], Any]] = None   # a drop-in's worker copy of a stream
     _stream: Optional[bool] = None   # a drop-in's word on whether its dataset is a stream (None: _is_stream's)
 
@@ -453,12 +453,14 @@ class Loader(_Threaded[T]):
             total = len(self)
         except TypeError:
             total = -1   # a stream, or a sampler without len(): nothing to check against
-        self._load_checked(*self._position.check(state, self._seed if self._options.seed is not None else None,
-                                                 total))
+        position = self._position
+        resume, seed = position.identity.check(state, self._seed if self._options.seed is not None else None, total)
+        if position.sampler is not None and resume.sampler is not None:
+            try_state(position.sampler, resume.sampler)   # the sampler's part: its own to check
+        self._load_checked(resume, seed)
 
     def _load_checked(self, resume: _Resume, seed: int) -> None:
-        """Continue where a state checked by ``Position.check`` (or a drop-in's
-        ``check_state``) was taken."""
+        """Continue where a state checked by ``load_state_dict`` (or a drop-in's) was taken."""
         with self._epoch_lock:
             if self._closing:
                 raise ClosedError(f"loader {self._name!r} is closed: cannot load a state into it")

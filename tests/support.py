@@ -536,20 +536,19 @@ class NewChildren:
         return sorted(_child_pids() - self.earlier)
 
 
-def count_state_checks(monkeypatch, module):
+def count_state_checks(monkeypatch):
     """The owners named by each check of a resume state from now on
-    (``prefetch._resume.check_state``, also under its name in ``module``)."""
+    (``prefetch._resume.Identity.check``, whichever front door calls it)."""
     import prefetch._resume
 
     calls = []
-    check = prefetch._resume.check_state
+    check = prefetch._resume.Identity.check
 
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("owner"))
-        return check(*args, **kwargs)
+    def counted(self, *args, **kwargs):
+        calls.append(self.owner)
+        return check(self, *args, **kwargs)
 
-    monkeypatch.setattr(prefetch._resume, "check_state", counted)
-    monkeypatch.setattr(module, "check_state", counted)
+    monkeypatch.setattr(prefetch._resume.Identity, "check", counted)
     return calls
 
 

@@ -26,13 +26,12 @@ from prefetch._framework import (
     ClosedError,
     Cut,
     FrameworkLoader,
+    Identity,
     ProcessEpoch,
     Stats,
     check_batch_size,
     check_loading,
     check_num_workers,
-    check_state,
-    make_state,
     order_part,
     replica,
     say_handover,
@@ -301,9 +300,7 @@ class DataLoader(_gluon_data.DataLoader):
                 return self._idle.pop()
         loader = FrameworkLoader(self._dataset, per_thread=self._per_thread,
                                  remedy="Gluon's own DataLoader(dataset, num_workers=N)",
-                                 framework=self._framework_part(), order=self._order_part(),
-                                 said_batch_size=self._said_batch_size,
-                                 batch_sampler=_Batches(self._batch_sampler),
+                                 identity=self._identity(), batch_sampler=_Batches(self._batch_sampler),
                                  collate=_host_batchify if self._on_host else self._batchify_fn,
                                  workers=max(self._num_workers, 1), depth=max(self._prefetch, 1),
                                  timeout=self._timeout,
@@ -421,13 +418,13 @@ class DataLoader(_gluon_data.DataLoader):
 
     # -- resuming ---------------------------------------------------------------
 
-    def _framework_part(self):
-        """The Gluon part of the resume state: what decides which batches a pass has."""
-        return {"name": GLUON_LOADER, "last_batch": getattr(self._batch_sampler, "_last_batch", None)}
-
-    def _order_part(self):
-        sampler = getattr(self._batch_sampler, "_sampler", None)
-        return order_part(isinstance(sampler, _gluon_data.RandomSampler), sampler, self._batch_sampler)
+    def _identity(self):
+        """What its resume states are of; their Gluon part, what decides which batches a pass has."""
+        sampler, batch_sampler = getattr(self._batch_sampler, "_sampler", None), self._batch_sampler
+        return Identity(self._dataset, stream=False, batch_size=self._said_batch_size, sampler_state=True,
+                        order=order_part(isinstance(sampler, _gluon_data.RandomSampler), sampler, batch_sampler),
+                        framework={"name": GLUON_LOADER, "last_batch": getattr(batch_sampler, "_last_batch", None)},
+                        owner="DataLoader")
 
     def state_dict(self):
         """Where the loader is: a small JSON-serialisable dict (docs/dropins.md),
@@ -448,10 +445,8 @@ class DataLoader(_gluon_data.DataLoader):
         if loader is not None:
             return loader.state_dict()
         # No pass yet: the first one's start.
-        return make_state(seed=self._seed, epoch=self._epoch, prefix=0, extras=[], dataset_length=len(self._dataset),
-                          batch_size=self._said_batch_size, order=self._order_part(),
-                          sampler=_Batches(self._batch_sampler).state_dict(), streams=None,
-                          framework=self._framework_part())
+        return self._identity().state(seed=self._seed, epoch=self._epoch,
+                                      sampler=_Batches(self._batch_sampler).state_dict(), streams=None)
 
     def load_state_dict(self, state):
         """Continue where ``state`` (from ``state_dict()`` of a loader over the
@@ -477,11 +472,10 @@ class DataLoader(_gluon_data.DataLoader):
                 batches = len(self._batch_sampler)
             except (TypeError, ValueError):   # a bad last_batch raises at the end of the pass, as Gluon's
                 pass
-        resume, seed = check_state(state, dataset_length=len(self._dataset), batch_size=self._said_batch_size,
-                                   order=self._order_part(), seed=None, batches_per_epoch=batches,
-                                   sampler_has_state=True, framework=GLUON_LOADER, owner="DataLoader")
+        identity = self._identity()
+        resume, seed = identity.check(state, None, batches)
         _sampler_state(state["sampler"])
-        _check_gluon_part(resume.framework, self._framework_part())
+        _check_gluon_part(resume.framework, identity.framework)
         with self._lock:
             if self._closed:
                 raise ClosedError("this DataLoader is closed: cannot load a state into it")

@@ -27,15 +27,14 @@ from prefetch._framework import (
     Choice,
     ClosedError,
     FrameworkLoader,
+    Identity,
     Stats,
     check_dataset,
     check_int,
     check_loading,
     check_num_workers,
-    check_state,
     close_when_dropped,
     machinery,
-    make_state,
     order_part,
     start_part,
     try_state,
@@ -117,8 +116,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     pinning, loading ahead, resuming): docs/dropins.md.
     """
 
-    _resume: dict[str, Any] | None = None   # load_state_dict(): what the next iterator continues
-    _checked: Any = None                     # that state, as its one check gave it: (resume, seed)
+    # load_state_dict(): the state the next iterator continues, and what its one check gave (resume, seed)
+    _loaded: tuple[dict[str, Any], Any, int] | None = None
     _position: _Position | None = None       # the iterator made last, as state_dict() reads it
 
     def __init__(self, *args: Any, loading: str = "auto", **kwargs: Any) -> None:
@@ -155,32 +154,36 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         Give it to ``load_state_dict`` of a new DataLoader over the same data
         to continue with the batches an uninterrupted run would have handed
         out next. What it holds and what it does not restore: docs/dropins.md."""
-        if self._resume is not None:
-            return copy.deepcopy(self._resume)
+        if self._loaded is not None:
+            return copy.deepcopy(self._loaded[0])
         position = self._position
         if position is not None and not position.spent:
             return position.source.state_dict()  # type: ignore[no-any-return]
-        return self._fresh_state()
-
-    def _fresh_state(self) -> dict[str, Any]:
-        """The state of a new iterator made now: its seed and epoch drawn from
-        where the generator is (read through a copy: nothing is drawn)."""
-        generator = loader_generator(self)
-        draw = generator.clone_state()
+        # A new iterator's state: its seed and epoch drawn from where the
+        # generator is (read through a copy: nothing is drawn).
+        draw = loader_generator(self).clone_state()
         seed = draw_seed(draw)
-        sampler = streams = length = None
+        sampler = streams = None
         if isinstance(self.dataset, IterableDataset):
             # New workers copy the dataset as it is now: its own state with it
             # (a pass counter kept across epochs; with 0 workers, the one object).
             part = start_part(self.dataset)
             streams = {"next": 0, "workers": [copy.deepcopy(part) for _ in range(max(self.num_workers, 1))]}
         else:
-            length = len(self.dataset)
             # The epoch draws from the DataLoader's generator after the iterator's seed.
             generators, samplers = sampler_side(self)
             sampler = sampler_part([draw, *generators[1:]], samplers)
-        return make_state(seed=seed, epoch=0, prefix=0, extras=[], dataset_length=length, batch_size=self.batch_size,
-                          order=_order(self), sampler=sampler, streams=streams, framework=_torch_part(generator))
+        return self._identity().state(seed=seed, epoch=0, sampler=sampler, streams=streams)
+
+    def _identity(self, framework: dict[str, Any] | None = None) -> Identity:
+        """What this DataLoader's states are of, with the torch part ``framework``
+        (None: the one of an iterator made now). ``shuffle=True`` is torch's
+        ``RandomSampler``."""
+        stream = isinstance(self.dataset, IterableDataset)
+        return Identity(self.dataset, stream=stream, batch_size=self.batch_size,
+                        order=order_part(isinstance(self.sampler, RandomSampler), self.sampler, self.batch_sampler),
+                        sampler_state=not stream, framework=framework or _torch_part(loader_generator(self)),
+                        workers=max(self.num_workers, 1) if stream else None, owner="DataLoader")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter(loader)`` continues where ``state`` (from
@@ -208,10 +211,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         iterable = isinstance(self.dataset, IterableDataset)
         if iterable and self.loading == "processes" and isinstance(state, dict) and state.get("batches"):
             raise ValueError(f"state has batches={state['batches']!r}: {STREAM_STATE}")
-        resume, seed = check_state(
-            state, dataset_length=None if iterable else len(self.dataset), batch_size=self.batch_size,
-            order=_order(self), seed=None, batches_per_epoch=-1 if iterable else len(self), sampler_has_state=not iterable,
-            framework=TORCH_LOADER, workers=max(self.num_workers, 1) if iterable else None, owner="DataLoader")
+        resume, seed = self._identity().check(state, None, -1 if iterable else len(self))
         try:
             if draw_seed(decode_generator(resume.framework["iterator_rng"])) != seed:
                 raise ValueError("its seed is not the one its iterator_rng draws")
@@ -220,7 +220,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"state has a bad torch part (truncated or edited?): {exc}") from None
         self._iterator = None   # persistent workers: the next iter() makes one from the state
-        self._resume, self._checked = copy.deepcopy(state), (resume, seed)
+        self._loaded = copy.deepcopy(state), resume, seed
 
     def check_worker_number_rationality(self) -> None:
         """torch's ``UserWarning`` when ``num_workers`` exceeds the CPUs this
@@ -291,12 +291,9 @@ class StatefulDataLoader(DataLoader[_T_co]):
         super().__init__(*args, **kwargs)
 
 
-TORCH_LOADER = "torch.utils.data.DataLoader"   # the framework part's name in the resume state
-
-
 def _torch_part(generator: Any) -> dict[str, Any]:
     """The state's torch part: its name, and the generator's state as the iterator draws its seed."""
-    return {"name": TORCH_LOADER, "iterator_rng": encode_generator(generator)}
+    return {"name": "torch.utils.data.DataLoader", "iterator_rng": encode_generator(generator)}
 
 
 # Keys of a state torchdata's own StatefulDataLoader saved (with 0 workers; with workers).
@@ -313,12 +310,6 @@ def _refuse_torchdatas(state: Any) -> None:
                          "prefetch.torch.DataLoader or prefetch.torch.StatefulDataLoader only. Resume from "
                          "the start of that checkpoint's epoch with a new loader, and save the later "
                          "checkpoints from prefetch.torch's")
-
-
-def _order(loader: DataLoader) -> dict[str, Any]:
-    """What decides the DataLoader's order, for its state (``shuffle=True``
-    is torch's ``RandomSampler``)."""
-    return order_part(isinstance(loader.sampler, RandomSampler), loader.sampler, loader.batch_sampler)
 
 
 def _check_sampler_part(part: Any, loader: Any) -> None:
@@ -368,9 +359,8 @@ class _ThreadIter:
         # state gives the same shuffle as torch's. A resumed state sets the
         # generator to where it was (torch's global one: see drawing_from).
         generator = loader_generator(loader)
-        resume, loader._resume = loader._resume, None
-        checked, loader._checked = loader._checked, None
-        saved = None if resume is None else resume["framework"]["iterator_rng"]
+        loaded, loader._loaded = loader._loaded, None
+        saved = None if loaded is None else loaded[0]["framework"]["iterator_rng"]
         with contextlib.nullcontext() if saved is None else drawing_from(generator, saved):
             framework = _torch_part(generator)
             base_seed = draw_seed(loader.generator)
@@ -411,18 +401,18 @@ class _ThreadIter:
         # what only torch's pin_memory() knows (an object's own) on the consumer's.
         self._source = FrameworkLoader(loader.dataset, per_thread=per_thread, worker_init=init, seed=base_seed,
                                        lookahead=self._ahead, go_on=True, gil_noticed=self._gil_noticed[0],
-                                       device=PinnedHost() if self._pin else None, framework=framework,
-                                       order=_order(loader), said_batch_size=loader.batch_size,
-                                       stream=self._iterable,
+                                       device=PinnedHost() if self._pin else None,
+                                       identity=loader._identity(framework),
                                        remedy="torch.utils.data.DataLoader(dataset, num_workers=N)",
                                        # workers to hand the batches to (one thread: no notice)
                                        on_notice=self._choice.on_notice(loader.num_workers > 0),
                                        **batching, **options)
-        if resume is not None:
-            self._source.load_checked(*checked)   # checked once, by load_state_dict
-            self._handed = resume["batches"]
+        if loaded is not None:
+            state, resume, seed = loaded
+            self._source.load_checked(resume, seed)   # checked once, by load_state_dict
+            self._handed = state["batches"]
             if self._batches is not None:
-                self._batches.dropped = resume["batches"]   # read again as the epoch begins, then dropped
+                self._batches.dropped = state["batches"]   # read again as the epoch begins, then dropped
         self.position = _Position(self, self._source)
         # torch's iterators have no close(): one dropped mid-epoch closes its loader,
         # not making the dropping line wait for a thread inside dataset[i].

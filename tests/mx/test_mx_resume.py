@@ -201,8 +201,7 @@ def test_another_last_batch_is_refused_naming_it():
 
 
 def test_a_loaded_state_is_checked_once(monkeypatch):
-    import prefetch.mx._dataloader as module
-    calls = count_state_checks(monkeypatch, module)
+    calls = count_state_checks(monkeypatch)
     with DataLoader(Augmented(), 4, num_workers=2) as loader:
         next(iter(loader))
         state = roundtrip(loader.state_dict())

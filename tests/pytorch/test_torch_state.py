@@ -386,8 +386,7 @@ def test_a_refused_sampler_state_changes_nothing():
 
 def test_a_loaded_state_is_checked_once(monkeypatch):
     """Where it is loaded; the epoch it starts takes it as checked."""
-    import prefetch.torch._dataloader as module
-    calls = count_state_checks(monkeypatch, module)
+    calls = count_state_checks(monkeypatch)
     loader = _make(num_workers=2)
     it = iter(loader)
     next(it)
