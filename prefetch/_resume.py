@@ -181,8 +181,8 @@ class Identity(NamedTuple):
         order) besides."""
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "seed": seed, "epoch": epoch,
                 "batches": prefix + len(extras), "out_of_order": list(extras), "dataset_length": self.length(),
-                "batch_size": self.batch_size, "order": self.order, "sampler": sampler, "streams": streams,
-                "framework": self.framework}
+                "batch_size": self.batch_size, "order": copy.deepcopy(self.order), "sampler": sampler,
+                "streams": streams, "framework": copy.deepcopy(self.framework)}   # the caller's own
 
     def check(self, state: Any, seed: Optional[int], batches_per_epoch: int) -> tuple[_Resume, int]:
         """The resume ``state`` describes, and its seed: the one check of its

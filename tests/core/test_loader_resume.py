@@ -177,6 +177,14 @@ def test_state_before_iterating_and_after_loading():
         assert [r[0] for r in rows(list(loader))] == [6, 7, 8, 9]
 
 
+def test_a_returned_state_is_the_callers_own():
+    # SPEC §9: editing a state_dict() changes neither the loader nor the next state it gives.
+    with Loader(Augmented(10), 3, workers=1, seed=1, shuffle=True) as loader:
+        first = loader.state_dict()
+        first["order"]["shuffle"] = False
+        assert loader.state_dict()["order"]["shuffle"] is True
+
+
 def test_resume_mid_epoch_within_one_process_between_epochs():
     """load_state_dict between epochs of the same loader (the last epoch ended)."""
     with Loader(Augmented(20), 4, shuffle=True, seed=5, workers=2) as loader:

@@ -294,6 +294,17 @@ def test_a_state_after_close_is_where_the_consumer_stopped():
         assert flat(head) + flat(resumed) == whole
 
 
+def test_a_returned_state_is_the_callers_own():
+    # SPEC §9: editing a state_dict() changes neither the drop-in nor the next state it gives.
+    with _make(num_workers=2) as loader:
+        it = iter(loader)
+        next(it)
+        first = loader.state_dict()
+        first["order"]["sampler"], first["framework"]["name"] = "edited", "edited"
+        again = loader.state_dict()
+        assert "edited" not in (again["order"]["sampler"], again["framework"]["name"])
+
+
 def test_a_stateful_loader_accepts_snapshot_every_n_steps_and_checks_it():
     """Item 5."""
     with StatefulDataLoader(Squares(), batch_size=3, snapshot_every_n_steps=4) as loader:
