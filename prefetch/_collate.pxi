@@ -287,36 +287,13 @@ cdef Py_ssize_t _tree_differs(list a, list b):
     return -1 if len(a) == len(b) else n
 
 
-cdef list _subtree_ends(list nodes):
-    """For each preorder node, the index just past its subtree."""
-    cdef Py_ssize_t i, n = len(nodes)
-    cdef list ends = [0] * n
-    cdef list stack = []           # [container index, children still to come]
-    for i in range(n):
-        node = nodes[i]
-        if node is not None and (<tuple>node)[2]:
-            stack.append([i, (<tuple>node)[2]])
-            continue
-        ends[i] = i + 1
-        while stack:
-            top = stack[len(stack) - 1]
-            top[1] -= 1
-            if top[1]:
-                break
-            stack.pop()
-            ends[top[0]] = i + 1
-    return ends
-
-
 cdef object _align(list ref, list got):
     """How a sample laid out as ``got`` maps onto the batch's layout ``ref``:
     the list whose item ``j`` is the sample's leaf at the batch's leaf ``j``,
     when the two differ at most in a dict's key order; else the message saying
     where they differ (the path names the sample's node, and a dict's keys)."""
     cdef Py_ssize_t i, g, p, c, n = len(ref)
-    cdef list ref_ends, got_ends, leaf_at, gmap, idx, kids
-    ref_ends = _subtree_ends(ref)
-    got_ends = _subtree_ends(got)
+    cdef list ref_kids = _kids(ref), got_kids = _kids(got), leaf_at, gmap, idx, kids
     leaf_at = [0] * len(got)      # the sample's leaf number of each of its leaf nodes
     c = 0
     for g in range(len(got)):
@@ -334,18 +311,12 @@ cdef object _align(list ref, list got):
         if rn is None:
             idx.append(leaf_at[g])
             continue
-        kids = []
-        c = g + 1
-        for p in range(<Py_ssize_t>(<tuple>gn)[2]):
-            kids.append(c)
-            c = got_ends[c]
+        kids = got_kids[g]
         if (<tuple>rn)[0] == K_DICT and (<tuple>rn)[1] != (<tuple>gn)[1]:
             at = {key: q for q, key in enumerate((<tuple>gn)[1])}
             kids = [kids[at[key]] for key in (<tuple>rn)[1]]
-        c = i + 1
         for p in range(len(kids)):
-            gmap[c] = kids[p]
-            c = ref_ends[c]
+            gmap[ref_kids[i][p]] = kids[p]
     return idx
 
 

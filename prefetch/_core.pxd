@@ -219,70 +219,6 @@ cdef class _FetchStage(_Stage):
     cdef uint64_t _fetched         # batches fetched, for the error note
 
 
-@cython.final
-cdef class _Gauge:
-    cdef object name               # the stage's, for the notice
-    cdef object what               # what the threads call: "dataset[i]", "the mapped function"
-    cdef object remedy             # the notice's advice on processes (a drop-in may name its framework's)
-    cdef int64_t t0                # the window's start; 0: the next batch starts one
-    cdef int64_t busy0             # the threads' time inside load() at the window's start
-    cdef object cpu0, runq0, proc0 # the meter's figures then (_meter.pxi; None: unknown)
-    cdef int threads               # threads claiming work in the window
-    cdef int cpus                  # CPUs the process may use
-    # over every window (seconds, and seconds times a figure)
-    cdef double wall_s, busy_s, par_s, wait_s
-    # over the serialized windows (the notice's figures)
-    cdef double ser_wall_s, ser_busy_s, ser_par_s
-    cdef int probes, probes_ser    # probes of the GIL made, and those that found the threads waiting
-    cdef bint last_probe           # the last probe's verdict
-    cdef int skip                  # judged windows until the next probe
-    cdef bint last_serialized      # the last window's verdict, and its thread count
-    cdef int last_threads
-    cdef double last_busy, last_par, last_cpu
-    cdef bint last_open            # the last window called for a probe that did not tell
-    cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
-    cdef object probe              # and what probes them (a meter, or a test's verdict)
-    cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
-                                   # makes a stage per epoch carries it over)
-    cdef object notice             # a GILBoundWarning for the consumer to raise, or None
-
-    cdef void restart(self, str what)
-    cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
-                         tuple at_work) except -1
-    cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
-                      tuple at_work=*) except -1
-    cdef object _probe(self, probe, tuple at_work)
-    cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1
-    cdef _make_notice(self, int threads, double par, double wait_share, trial)
-    cpdef object take_notice(self)
-
-
-@cython.final
-cdef class _Tuner:
-    cdef int max_threads           # the most threads a trial may reach
-    cdef double cpus               # CPUs the process may use
-    cdef int ceiling               # no trial above this (lowered by a failed trial)
-    cdef int retry                 # windows until the ceiling is lifted again
-    cdef int trial_from            # the count before the trial running, or 0
-    cdef double trial_rate         # samples/s before the trial: the best of the recent windows
-    cdef double trial_low          # the trial's slowest window so far
-    cdef int trial_windows         # windows measured in the trial
-    cdef list recent               # samples/s of the last RECENT windows at the current count
-    cdef int64_t t0                # the window's start; 0: the next batch starts one
-    cdef int64_t wait0             # the publisher's wait at the window's start
-    cdef double cpu0               # process CPU time at the window's start
-    cdef uint64_t samples0
-    cdef Py_ssize_t batches        # batches in the window
-    cdef readonly str reason       # why the count is not growing now ("" before the first window)
-
-    cdef void restart(self)
-    cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int threads, uint64_t samples, int64_t wait_ns, _Gauge gauge) except -1
-    cpdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
-    cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *
-
-
 cdef class _Batch:
     # One batch of a map stage being assembled (_assemble.pxi).
     cdef Py_ssize_t k              # its number in the epoch, from 0
@@ -514,6 +450,69 @@ cdef class _LoaderThreads:
     cdef tuple clocks_and_tids(self, bint at_work)
     cdef str describe(self)
     cdef void close(self, double grace) except *
+
+
+@cython.final
+cdef class _Gauge:
+    cdef object name               # the stage's, for the notice
+    cdef object what               # what the threads call: "dataset[i]", "the mapped function"
+    cdef object remedy             # the notice's advice on processes (a drop-in may name its framework's)
+    cdef int64_t t0                # the window's start; 0: the next batch starts one
+    cdef int64_t busy0             # the threads' time inside load() at the window's start
+    cdef object cpu0, runq0, proc0 # the meter's figures then (_meter.pxi; None: unknown)
+    cdef int threads               # threads claiming work in the window
+    cdef int cpus                  # CPUs the process may use
+    # over every window (seconds, and seconds times a figure)
+    cdef double wall_s, busy_s, par_s, wait_s
+    # over the serialized windows (the notice's figures)
+    cdef double ser_wall_s, ser_busy_s, ser_par_s
+    cdef int probes, probes_ser    # probes of the GIL made, and those that found the threads waiting
+    cdef bint last_probe           # the last probe's verdict
+    cdef int skip                  # judged windows until the next probe
+    cdef bint last_serialized      # the last window's verdict, and its thread count
+    cdef int last_threads
+    cdef double last_busy, last_par, last_cpu
+    cdef bint last_open            # the last window called for a probe that did not tell
+    cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
+    cdef object probe              # and what probes them (a meter, or a test's verdict)
+    cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
+                                   # makes a stage per epoch carries it over)
+    cdef object notice             # a GILBoundWarning for the consumer to raise, or None
+
+    cdef void restart(self, str what)
+    cdef bint due(self, int64_t now)
+    cdef int after_batch(self, int64_t now, _LoaderThreads crew, int threads) except -1
+    cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
+                      tuple at_work=*) except -1
+    cdef object _probe(self, probe, tuple at_work)
+    cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1
+    cdef _make_notice(self, int threads, double par, double wait_share, trial)
+    cpdef object take_notice(self)
+
+
+@cython.final
+cdef class _Tuner:
+    cdef int max_threads           # the most threads a trial may reach
+    cdef double cpus               # CPUs the process may use
+    cdef int ceiling               # no trial above this (lowered by a failed trial)
+    cdef int retry                 # windows until the ceiling is lifted again
+    cdef int trial_from            # the count before the trial running, or 0
+    cdef double trial_rate         # samples/s before the trial: the best of the recent windows
+    cdef double trial_low          # the trial's slowest window so far
+    cdef int trial_windows         # windows measured in the trial
+    cdef list recent               # samples/s of the last RECENT windows at the current count
+    cdef int64_t t0                # the window's start; 0: the next batch starts one
+    cdef int64_t wait0             # the publisher's wait at the window's start
+    cdef double cpu0               # process CPU time at the window's start
+    cdef uint64_t samples0
+    cdef Py_ssize_t batches        # batches in the window
+    cdef readonly str reason       # why the count is not growing now ("" before the first window)
+
+    cdef void restart(self)
+    cdef bint due(self, int64_t now)
+    cdef int after_batch(self, int threads, uint64_t samples, int64_t wait_ns, _Gauge gauge) except -1
+    cpdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
+    cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *
 
 
 @cython.final

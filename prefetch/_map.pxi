@@ -362,19 +362,15 @@ cdef class _MapEpoch(_Stage):
         cdef int threads
         cdef int64_t now = pf_now_ns()
         cdef _MapStage st = self.stage
-        cdef _LoaderThreads crew = st.crew
         if st.gauge.due(now) or st.tuner is not None and st.tuner.due(now):
-            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks_and_tids(False), st.target,
-                                 crew.clocks_and_tids(True))
+            st.gauge.after_batch(now, st.crew, st.target)
         if st.tuner is None:
             return
         threads = st.tuner.after_batch(st.target, st.samples, st.wait_ns, st.gauge)
         if threads != st.target:
             st._set_threads(threads, st.rows)
             st.wake()   # parked threads' turn
-            now = pf_now_ns()
-            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks_and_tids(False), threads,
-                                 crew.clocks_and_tids(True))
+            st.gauge.after_batch(pf_now_ns(), st.crew, threads)
 
     cdef void taken(self, uint64_t nbytes):
         cdef _MapStage st = self.stage

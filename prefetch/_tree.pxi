@@ -422,34 +422,43 @@ cdef str _label(tuple node, Py_ssize_t p):
     return f"[{p}]"
 
 
-cdef list _node_paths(list nodes, str root, list stack=None):
-    """How each preorder node is reached from the root: root[0]['x'].name.
-    ``stack`` (given: empty) ends holding [node index, children seen, its
-    path] of each container open at the last node, outermost first."""
-    cdef list out = []
-    cdef Py_ssize_t i
-    if stack is None:
-        stack = []
+cdef list _kids(list nodes):
+    """The children of each preorder node, as node indices (a leaf's: none)."""
+    cdef Py_ssize_t i, parent
+    cdef list kids = [[] for node in nodes]
+    cdef list open = []            # the containers whose children are still to come
     for i in range(len(nodes)):
-        while stack and stack[len(stack) - 1][1] == nodes[stack[len(stack) - 1][0]][2]:
-            stack.pop()
-        if stack:
-            top = stack[len(stack) - 1]
-            here = top[2] + _label(nodes[top[0]], top[1])
-            top[1] += 1
-        else:
-            here = root
-        out.append(here)
-        if nodes[i] is not None and nodes[i][2]:
-            stack.append([i, 0, here])
-    return out
+        if open:
+            parent = open[len(open) - 1]
+            (<list>kids[parent]).append(i)
+            if len(<list>kids[parent]) == (<tuple>nodes[parent])[2]:
+                open.pop()
+        if nodes[i] is not None and (<tuple>nodes[i])[2]:
+            open.append(i)
+    return kids
+
+
+cdef list _node_paths(list nodes, str root):
+    """How each preorder node is reached from the root: root[0]['x'].name."""
+    cdef Py_ssize_t i, p
+    cdef list paths = [root] * len(nodes)
+    cdef list kids = _kids(nodes)
+    for i in range(len(nodes)):
+        for p in range(len(<list>kids[i])):
+            paths[kids[i][p]] = paths[i] + _label(nodes[i], p)
+    return paths
 
 
 cdef str _cycle_message(list nodes, list path, object obj):
     """'batch[1]['x'] is the same list as batch[1]': where the batch contains
     itself. The last node is ``obj`` again, and ``path`` its ancestors."""
-    cdef list open = []            # _flatten's ``path``, then the last node
-    here = _node_paths(nodes, "batch", open)[len(nodes) - 1]
-    ancestor = next(o[2] for o, p in zip(open, path) if p is obj)
-    return (f"the batch contains itself: {here} is the same {type(obj).__name__} as "
+    cdef list paths = _node_paths(nodes, "batch")
+    cdef dict parent = {c: i for i, kids in enumerate(_kids(nodes)) for c in kids}
+    cdef list ancestors = []       # the last node's, innermost first: ``path`` reversed
+    i = len(nodes) - 1
+    while i in parent:
+        i = parent[i]
+        ancestors.append(i)
+    ancestor = next(paths[a] for a, p in zip(reversed(ancestors), path) if p is obj)
+    return (f"the batch contains itself: {paths[len(nodes) - 1]} is the same {type(obj).__name__} as "
             f"{ancestor} (its own ancestor); a batch must be a tree")
