@@ -43,7 +43,7 @@ cdef size_t NOGIL_MIN_BYTES = 1 << 16
 MAX_STATE_NESTING = 1000
 
 
-cdef class CopyPlan(_LeafSink):
+cdef class CopyPlan:
     """The copies of the batch being fetched, handed to leaf adapters.
 
     ``array(a)`` returns a fresh C-contiguous pool-backed array with ``a``'s
@@ -264,7 +264,7 @@ cdef uint64_t _tree_nbytes(object tree) except? 0xFFFFFFFFFFFFFFFF:
     and its registered leaves' that have ``nbytes`` (others count 0)."""
     cdef list leaves = []
     cdef uint64_t total = 0
-    _flatten(tree, _AS_IS, leaves)
+    _flatten(tree, None, leaves)
     for leaf in leaves:
         total += <uint64_t>cnp.PyArray_NBYTES(<cnp.ndarray>leaf) if isinstance(leaf, cnp.ndarray) \
             else _leaf_nbytes(leaf)

@@ -99,14 +99,10 @@ cdef class _SoleProof:
     cdef void find(self, PyObject *root) except *
 
 
-cdef class _LeafSink:
-    # What the tree walk (_tree.pxi) hands each leaf to; the base keeps it as is.
-    cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)
-
-
-cdef class CopyPlan(_LeafSink):
+cdef class CopyPlan:
     # One batch's copies (_copy.pxi): pool blocks taken and memcpy jobs queued
-    # while the tree is walked (GIL held), run afterwards without the GIL.
+    # while the tree is walked (_tree.pxi hands it each leaf, GIL held), run
+    # afterwards without the GIL.
     cdef pf_pool *_pool            # borrowed from the _Core; NULL once it closed
     cdef pf_copy_job *_jobs
     cdef size_t _njobs
@@ -315,7 +311,7 @@ cdef class _StackAssembly(_Assembly):
 
 
 cdef class _OwningAssembly(_Assembly):
-    # collate=f and no batching: the thread copies what it hands on (_assemble.pxi).
+    # No batching, and collate=f's base: the thread copies what it hands on (_assemble.pxi).
     cdef object collate            # collate=f (no batching: applied to the one sample), or None
     # the copies of the batches taken (_COPY_FIGURES), per epoch as the core's
     # counters (a batch of the next epoch may be copied before that epoch starts)
@@ -323,11 +319,6 @@ cdef class _OwningAssembly(_Assembly):
     cdef set closers               # close hooks of the leaf adapters those copies used
 
     cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2
-
-
-@cython.final
-cdef class _SingleAssembly(_OwningAssembly):
-    pass
 
 
 @cython.final

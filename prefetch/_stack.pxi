@@ -54,7 +54,7 @@ cdef class _StackAssembly(_Assembly):
             nodes = ref
         else:
             leaves = []
-            nodes = _flatten(sample, _AS_IS, leaves)
+            nodes = _flatten(sample, None, leaves)
             if b.cols is None:
                 with self._lock:
                     if b.cols is None:

@@ -1,8 +1,8 @@
 # _tree.pxi (included by _core.pyx): a batch's structure.
 #
 # _flatten walks a batch iteratively (no recursion: a deep batch cannot
-# overflow a thread's C stack), hands each leaf to a _LeafSink (the copy plan
-# of _copy.pxi, or none: the leaf as it is) and records the containers as
+# overflow a thread's C stack), hands each leaf to the copy plan of
+# _copy.pxi (or to none: the leaf as it is) and records the containers as
 # preorder nodes; _unflatten rebuilds the same containers around the new
 # leaves. Registered leaf and container types come from prefetch.adapters;
 # the core itself knows only numpy and the builtins. Any thread holding the
@@ -200,18 +200,9 @@ cdef inline tuple _kind_of(type t):
     return <tuple>found
 
 
-cdef class _LeafSink:
-    """What _flatten hands each leaf to; this base keeps the leaf as it is."""
-
-    cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index):
-        return obj
-
-
-cdef _LeafSink _AS_IS = _LeafSink.__new__(_LeafSink)
-
-
-cdef list _flatten(object tree, _LeafSink plan, list leaves):
-    """Preorder nodes of ``tree``; appends plan._leaf(leaf) of every leaf to ``leaves``."""
+cdef list _flatten(object tree, CopyPlan plan, list leaves):
+    """Preorder nodes of ``tree``; appends plan._leaf(leaf) of every leaf to
+    ``leaves`` (without a plan: the leaf itself)."""
     cdef list nodes = []
     cdef list todo = [tree]
     # The containers on the path to the current node (held, so that no id in
@@ -236,7 +227,7 @@ cdef list _flatten(object tree, _LeafSink plan, list leaves):
         # The common types first, without a dictionary lookup.
         if t is cnp.ndarray:
             nodes.append(None)
-            leaves.append(plan._leaf(obj, K_ARRAY, None, len(leaves)))
+            leaves.append(obj if plan is None else plan._leaf(obj, K_ARRAY, None, len(leaves)))
             continue
         if t is tuple or t is list:
             kind = K_TUPLE if t is tuple else K_LIST
@@ -252,7 +243,7 @@ cdef list _flatten(object tree, _LeafSink plan, list leaves):
             handler = (<tuple>found)[1]
             if kind <= K_LEAF:
                 nodes.append(None)
-                leaves.append(plan._leaf(obj, kind, handler, len(leaves)))
+                leaves.append(obj if plan is None else plan._leaf(obj, kind, handler, len(leaves)))
                 continue
             children, aux = _children(obj, kind, handler)
         n = len(children)
