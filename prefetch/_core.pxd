@@ -411,7 +411,6 @@ cdef class _Epochs:
 cdef class _ThreadWork:
     # What loader threads work for; the map stage implements it (_threads.pxi).
     cdef object thread_load(self, _ThreadContext t)
-    cdef void thread_failed(self, _ThreadContext t, exc) except *
     cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row)
     cdef object key_of(self, _Batch b, Py_ssize_t row, _ThreadContext t)
     cdef void check_key(self, key) except *

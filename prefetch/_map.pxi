@@ -145,25 +145,26 @@ cdef class _MapStage(_ThreadWork):
 
     # The loader threads' work (_ThreadWork).
     cdef object thread_load(self, _ThreadContext t):
+        cdef _EpochBatches now
         per_thread = self.hooks.per_thread
-        t.info = WorkerInfo(t.wid, self.target, self.seed, self.epochs.now.epoch)
-        for apply in self.on_thread:
-            apply()
-        if self.hooks.stream:   # this thread's worker of the stream
-            t.reader = per_thread(t.wid)
-            t.info = WorkerInfo(t.wid, self.target, self.seed, t.info.epoch, t.reader.dataset)
-        # its worker's, or this thread's own dataset's (made before worker_init)
-        load = (t.reader.sample if t.reader is not None else self.load if per_thread is None
-                else per_thread(t.wid).__getitem__)
-        if self.worker_init is not None:
-            self.worker_init(t.wid)
+        try:
+            t.info = WorkerInfo(t.wid, self.target, self.seed, self.epochs.now.epoch)
+            for apply in self.on_thread:
+                apply()
+            if self.hooks.stream:   # this thread's worker of the stream
+                t.reader = per_thread(t.wid)
+                t.info = WorkerInfo(t.wid, self.target, self.seed, t.info.epoch, t.reader.dataset)
+            # its worker's, or this thread's own dataset's (made before worker_init)
+            load = (t.reader.sample if t.reader is not None else self.load if per_thread is None
+                    else per_thread(t.wid).__getitem__)
+            if self.worker_init is not None:
+                self.worker_init(t.wid)
+        except BaseException as exc:   # the epoch ends with it (the thread wakes the publisher)
+            now = self.epochs.now
+            _noted(exc, f"raised while starting loader thread {self.name}-w{t.wid} (worker_init({t.wid}))")
+            now.fail(exc, now.taken)
+            return None
         return load
-
-    cdef void thread_failed(self, _ThreadContext t, exc) except *:
-        """The epoch ends with the error (the thread wakes the publisher)."""
-        cdef _EpochBatches now = self.epochs.now
-        _noted(exc, f"raised while starting loader thread {self.name}-w{t.wid} (worker_init({t.wid}))")
-        now.fail(exc, now.taken)
 
     cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row):
         """The batch and row this thread loads next, in sampler order (a stream's: of its

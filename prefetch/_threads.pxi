@@ -19,11 +19,9 @@ cdef class _ThreadWork:
     Loader threads only, GIL held; wake() from any thread."""
 
     cdef object thread_load(self, _ThreadContext t):
-        """Thread ``t`` starts: its load(key) (set-up may raise: it leaves)."""
+        """Thread ``t`` starts: its load(key); None where its set-up raised
+        (the work keeps the error): it leaves."""
         raise NotImplementedError
-
-    cdef void thread_failed(self, _ThreadContext t, exc) except *:
-        """Thread ``t``'s set-up raised ``exc``; it leaves."""
 
     cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row):
         """The batch and row thread ``t`` loads next (waits); None once closed."""
@@ -111,11 +109,7 @@ cdef class _LoaderThreads:
         t.clock = _this_thread_clock()
         t.tid = threading.get_native_id()
         try:
-            try:
-                load = work.thread_load(t)
-            except BaseException as exc:
-                work.thread_failed(t, exc)
-                load = None
+            load = work.thread_load(t)
             if load is None:
                 t.gone = True   # the next ensure() starts another in its place
                 # Woken only now that this frame holds the error no more: the
