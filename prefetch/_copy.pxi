@@ -271,19 +271,14 @@ cdef uint64_t _tree_nbytes(object tree) except? 0xFFFFFFFFFFFFFFFF:
     return total
 
 
-def _walk(tree, Py_ssize_t times=1):
-    """The batch ``tree`` taken apart and rebuilt ``times`` times, as the
-    publisher does, for bench/bench_tree.py (the walk alone cannot be timed
-    through Prefetcher). Array leaves need a prefetcher's pool: TypeError here."""
+def _walk(tree):
+    """The batch ``tree`` taken apart and rebuilt, as the publisher does, for
+    bench/bench_tree.py (the walk alone cannot be timed through Prefetcher).
+    Array leaves need a prefetcher's pool: TypeError here."""
     cdef CopyPlan plan = CopyPlan.__new__(CopyPlan)
-    cdef list leaves
-    cdef Py_ssize_t i
+    cdef list leaves = []
     plan._reset()
-    out = None
-    for i in range(times):
-        leaves = []
-        try:
-            out = _unflatten(_flatten(tree, plan, leaves), leaves)
-        except _Closing:
-            raise TypeError("_walk takes batches without array leaves") from None
-    return out
+    try:
+        return _unflatten(_flatten(tree, plan, leaves), leaves)
+    except _Closing:
+        raise TypeError("_walk takes batches without array leaves") from None

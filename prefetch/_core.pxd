@@ -414,8 +414,8 @@ cdef class _ThreadWork:
     cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row)
     cdef object key_of(self, _Batch b, Py_ssize_t row, _ThreadContext t)
     cdef void check_key(self, key) except *
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *
+    cdef void failed(self, _Batch b, Py_ssize_t row, _ThreadContext t, exc, str what) except *
+    cdef void loaded(self, _Batch b, Py_ssize_t row, _ThreadContext t, sample) except *
     cdef void done(self, _Batch b, _ThreadContext t) except *
     cdef void wake(self)
 

@@ -243,20 +243,20 @@ cdef class _MapStage(_ThreadWork):
         if self.n_keys >= 0:
             _check_key(key, self.n_keys)
 
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *:
+    cdef void failed(self, _Batch b, Py_ssize_t row, _ThreadContext t, exc, str what) except *:
         cdef _EpochBatches e = self.epochs.epoch_of(b)
         self.asm.fail(b, row, t.wid, exc, what)
         if e is not None and not self.hooks.go_on:
             e.stop_after(b)   # no batch after it opens
 
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *:
+    cdef void loaded(self, _Batch b, Py_ssize_t row, _ThreadContext t, sample) except *:
         cdef int64_t nbytes
         if b.failure is not None or self.epochs.epoch_of(b) is None:
             return
         try:
             nbytes = self.asm.take_sample(b, row, sample, t)
         except BaseException as exc:
-            self.failed(b, row, key, t, exc, "collating")
+            self.failed(b, row, t, exc, "collating")
             return
         if nbytes >= 0:
             self._sized(b, nbytes)

@@ -34,10 +34,10 @@ cdef class _ThreadWork:
     cdef void check_key(self, key) except *:
         """Raises for a key out of the dataset's range (that row's error)."""
 
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *:
+    cdef void failed(self, _Batch b, Py_ssize_t row, _ThreadContext t, exc, str what) except *:
         """That row's ``exc``, raised while ``what`` ("loading", "collating")."""
 
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *:
+    cdef void loaded(self, _Batch b, Py_ssize_t row, _ThreadContext t, sample) except *:
         """That row's sample, on the thread that loaded it."""
 
     cdef void done(self, _Batch b, _ThreadContext t) except *:
@@ -134,7 +134,7 @@ cdef class _LoaderThreads:
                 except BaseException as exc:
                     if fork_epoch != pf_fork_epoch():
                         raise   # in a child forked inside load: its own exception (sys.exit())
-                    work.failed(b, row, key, t, exc, "loading")
+                    work.failed(b, row, t, exc, "loading")
                 if fork_epoch != pf_fork_epoch():
                     # load(key) forked and this is the child, on this thread's
                     # stack: the work, its locks and the pool belong to the
@@ -144,7 +144,7 @@ cdef class _LoaderThreads:
                 self.load_ns += pf_now_ns() - t0
                 t.busy(None, 0)
                 t.sample = None
-                work.loaded(b, row, key, t, sample)
+                work.loaded(b, row, t, sample)
                 sample = None   # before the next load: a dataset may check its buffer is free
                 work.done(b, t)
         finally:
