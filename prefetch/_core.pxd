@@ -583,7 +583,6 @@ cdef class _Core:
     cdef list _warnings            # (message, category) raised on the publisher thread for the consumer
     cdef object _thread            # the publisher threading.Thread
     cdef tuple _on_thread          # adapters' thread-state applies, run first on the publisher thread
-    cdef object _publisher_ident   # its threading.get_ident(), once it runs
     cdef readonly object name
     cdef readonly str kind         # "prefetcher" or "loader", for messages
     cdef readonly int depth
