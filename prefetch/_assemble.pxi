@@ -60,10 +60,6 @@ cdef class _Assembly:
     cdef void new_epoch(self):
         """An epoch begins: its counters start again."""
 
-    def counts(self):
-        """The assembly's fields of Stats."""
-        return dict.fromkeys(("bytes_collated",) + _COPY_FIGURES, 0)
-
     def close(self):
         """Once the threads are stopped: the device delivery."""
         if self.delivery is not None:
