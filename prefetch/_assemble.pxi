@@ -8,8 +8,8 @@
 # own kind) and never calls the stage; take_sample and finish return the
 # batch's bytes once its size is known, for the stage's max_bytes count.
 #   _StackAssembly (_stack.pxi)   the default collate: rows of pooled blocks
-#   _CustomAssembly               collate=f, on the thread of the last row
-#   _SingleAssembly               no batching: the sample (or collate(sample)) is the batch
+#   _OwningAssembly               no batching: the sample (or collate(sample)) is the batch
+#   _CustomAssembly               collate=f, on the thread of the last row (an _OwningAssembly)
 # Whatever a thread hands on is copied (or proven sole) before that thread
 # loads again: a dataset may refill one buffer per thread. Loader threads
 # only, but hand() (the publisher); GIL held.
@@ -18,7 +18,7 @@
 def assembly(int mode, collate, _Pool pool, delivery, name):
     """The assembly of a batching mode (a MapMode: the one place that reads
     it); it holds the loader's device ``delivery`` and closes it."""
-    return {M_STACK: _StackAssembly, M_CUSTOM: _CustomAssembly, M_SINGLE: _SingleAssembly}[mode](
+    return {M_STACK: _StackAssembly, M_CUSTOM: _CustomAssembly, M_SINGLE: _OwningAssembly}[mode](
         pool, name, collate, delivery)
 
 
@@ -60,10 +60,6 @@ cdef class _Assembly:
     cdef void new_epoch(self):
         """An epoch begins: its counters start again."""
 
-    def counts(self):
-        """The assembly's fields of Stats."""
-        return dict.fromkeys(("bytes_collated",) + _COPY_FIGURES, 0)
-
     def close(self):
         """Once the threads are stopped: the device delivery."""
         if self.delivery is not None:
@@ -86,7 +82,8 @@ cdef class _OwnedBatch(_Batch):
 
 
 cdef class _OwningAssembly(_Assembly):
-    """What collate=f and no batching share: the thread copies what it hands on."""
+    """No batching: each sample (or collate(sample)) is a batch, copied at
+    once; and what collate=f shares with it: the thread copies what it hands on."""
 
     def __cinit__(self, _Pool pool, name, collate, delivery):
         self.collate = collate
@@ -95,6 +92,12 @@ cdef class _OwningAssembly(_Assembly):
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen):
         return _OwnedBatch.__new__(_OwnedBatch, k, keys, gen)
+
+    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample, _ThreadContext t) except -2:
+        if self.collate is None:
+            return self._own(sample, <_OwnedBatch>b, t)   # borrowed: the thread's variable is its reference
+        result = self.collate(sample)
+        return self._own(result, <_OwnedBatch>b, t)
 
     cdef void hand(self, _Batch batch, _Parts parts) except *:
         cdef _OwnedBatch b = <_OwnedBatch>batch
@@ -139,17 +142,6 @@ cdef class _OwningAssembly(_Assembly):
             self.closers |= plan.closers
         self.pool.keep_for(self.keep_batches, copied)   # a steady state allocates nothing
         return parts.nbytes
-
-
-@cython.final
-cdef class _SingleAssembly(_OwningAssembly):
-    """No batching: each sample (or collate(sample)) is a batch, copied at once."""
-
-    cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample, _ThreadContext t) except -2:
-        if self.collate is None:
-            return self._own(sample, <_OwnedBatch>b, t)   # borrowed: the thread's variable is its reference
-        result = self.collate(sample)
-        return self._own(result, <_OwnedBatch>b, t)
 
 
 @cython.final

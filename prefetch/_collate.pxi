@@ -48,6 +48,7 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
     cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
     cdef int d, nd
     cdef Py_ssize_t j
+    dims[0] = n
     for j in range(len(leaves)):
         leaf = leaves[j]
         col = _Column.__new__(_Column)
@@ -61,7 +62,6 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
             if dtype is not None:
                 col.kind = C_NUMBER
                 col.dtype = dtype
-                dims[0] = n
                 col.out = _pooled_array(pool.p, <cnp.PyArray_Descr *><void *>dtype, 1, dims,
                                          n * (<cnp.dtype>dtype).itemsize)
                 col.data = <char *>cnp.PyArray_DATA(<cnp.ndarray>col.out)
@@ -86,7 +86,6 @@ cdef list _make_columns(_Pool pool, Py_ssize_t n, list leaves, list nodes):
             col.dtype = arr.dtype
             col.descr = cnp.PyArray_DESCR(a)
             col.shape = arr.shape
-            dims[0] = n
             for d in range(1, nd):
                 dims[d] = cnp.PyArray_DIMS(a)[d - 1]
             if a.descr.flags & NPY_ITEM_REFCOUNT:
@@ -287,36 +286,13 @@ cdef Py_ssize_t _tree_differs(list a, list b):
     return -1 if len(a) == len(b) else n
 
 
-cdef list _subtree_ends(list nodes):
-    """For each preorder node, the index just past its subtree."""
-    cdef Py_ssize_t i, n = len(nodes)
-    cdef list ends = [0] * n
-    cdef list stack = []           # [container index, children still to come]
-    for i in range(n):
-        node = nodes[i]
-        if node is not None and (<tuple>node)[2]:
-            stack.append([i, (<tuple>node)[2]])
-            continue
-        ends[i] = i + 1
-        while stack:
-            top = stack[len(stack) - 1]
-            top[1] -= 1
-            if top[1]:
-                break
-            stack.pop()
-            ends[top[0]] = i + 1
-    return ends
-
-
 cdef object _align(list ref, list got):
     """How a sample laid out as ``got`` maps onto the batch's layout ``ref``:
     the list whose item ``j`` is the sample's leaf at the batch's leaf ``j``,
     when the two differ at most in a dict's key order; else the message saying
     where they differ (the path names the sample's node, and a dict's keys)."""
     cdef Py_ssize_t i, g, p, c, n = len(ref)
-    cdef list ref_ends, got_ends, leaf_at, gmap, idx, kids
-    ref_ends = _subtree_ends(ref)
-    got_ends = _subtree_ends(got)
+    cdef list ref_kids = _kids(ref), got_kids = _kids(got), leaf_at, gmap, idx, kids
     leaf_at = [0] * len(got)      # the sample's leaf number of each of its leaf nodes
     c = 0
     for g in range(len(got)):
@@ -334,18 +310,12 @@ cdef object _align(list ref, list got):
         if rn is None:
             idx.append(leaf_at[g])
             continue
-        kids = []
-        c = g + 1
-        for p in range(<Py_ssize_t>(<tuple>gn)[2]):
-            kids.append(c)
-            c = got_ends[c]
+        kids = got_kids[g]
         if (<tuple>rn)[0] == K_DICT and (<tuple>rn)[1] != (<tuple>gn)[1]:
             at = {key: q for q, key in enumerate((<tuple>gn)[1])}
             kids = [kids[at[key]] for key in (<tuple>rn)[1]]
-        c = i + 1
         for p in range(len(kids)):
-            gmap[c] = kids[p]
-            c = ref_ends[c]
+            gmap[ref_kids[i][p]] = kids[p]
     return idx
 
 
@@ -392,48 +362,39 @@ cdef tuple _cols_layout(list nodes, list cols):
                      None if (<_Column>c).kind == C_NUMBER else (<_Column>c).dtype) for c in cols])
 
 
-cdef object _layout_differs(tuple want, tuple got):
-    """Why a sample laid out as ``got`` (nodes, leaf descriptions) does not fit
-    a batch laid out as ``want``, or None when it fits."""
+cdef tuple _mismatch(tuple want, tuple got, Py_ssize_t got_row=-1):
+    """(why, none): why a sample laid out as ``got`` (nodes, leaf
+    descriptions) does not fit a batch laid out as ``want``, or None when it
+    fits; and, given the row ``got_row`` of ``got``, where the reason is a
+    None in ``want`` (the whole sample, or one of its leaves) and a value in
+    ``got``, that None, the mistake (dataset[i] returned None) whichever row
+    the batch compared first; else None."""
     cdef list wnodes = want[0], gnodes = got[0], wdesc = want[1], gdesc = got[1]
     cdef Py_ssize_t j
+    NoneType = type(None)
+    where = f"where row {got_row + 1} of the batch has"
+    none = None
     idx = _align(wnodes, gnodes)
     if type(idx) is str:
-        return idx
+        # A whole sample None, where the other is a container (a leaf would align).
+        if got_row >= 0 and len(wnodes) == 1 and wnodes[0] is None and (<tuple>wdesc[0])[0] is NoneType:
+            kind, _, n = <tuple>gnodes[0]
+            none = f"sample is None, {where} " + {K_TUPLE: "a tuple", K_LIST: "a list", K_DICT: "a dict"}.get(
+                kind, f"a container of {n} items")
+        return idx, none
+    why = None
     for j in range(len(wdesc)):
         w = <tuple>wdesc[j]
-        g = <tuple>gdesc[idx[j]]
-        if w[0] is not g[0]:
-            return (f"{_leaf_path(wnodes, j)} is {kind_of(<type>g[0])} where the batch's first sample has "
-                    f"{kind_of(<type>w[0])}")
-        if w[1] != g[1] or w[2] != g[2]:
-            return (f"{_leaf_path(wnodes, j)} has shape {g[1]} and dtype {g[2]} where the batch's first "
-                    f"sample has shape {w[1]} and dtype {w[2]}")
-    return None
-
-
-cdef object _none_in(tuple none_side, tuple other, Py_ssize_t other_row):
-    """Why a sample laid out as ``none_side`` (nodes, leaf descriptions)
-    differs from row ``other_row``'s, laid out as ``other``, where the reason
-    is a None in it (the whole sample, or one of its leaves) and a value in
-    the other: that None is the mistake (dataset[i] returned None), whichever
-    row the batch compared first. None where that is not why they differ."""
-    cdef list nn = none_side[0], on = other[0], nd = none_side[1], od = other[1]
-    cdef Py_ssize_t j
-    NoneType = type(None)
-    where = f"where row {other_row + 1} of the batch has"
-    if len(nn) == 1 and nn[0] is None and on[0] is not None and (<tuple>nd[0])[0] is NoneType:
-        kind, _, n = <tuple>on[0]
-        return f"sample is None, {where} " + {K_TUPLE: "a tuple", K_LIST: "a list", K_DICT: "a dict"}.get(
-            kind, f"a container of {n} items")
-    idx = _align(nn, on)
-    if type(idx) is str:
-        return None
-    for j in range(len(nd)):
-        theirs = (<tuple>od[<Py_ssize_t>idx[j]])[0]
-        if (<tuple>nd[j])[0] is NoneType and theirs is not NoneType:
-            return f"{_leaf_path(nn, j)} is None, {where} {kind_of(theirs)}"
-    return None
+        g = <tuple>gdesc[<Py_ssize_t>idx[j]]
+        if why is None and w[0] is not g[0]:
+            why = (f"{_leaf_path(wnodes, j)} is {kind_of(<type>g[0])} where the batch's first sample has "
+                   f"{kind_of(<type>w[0])}")
+        elif why is None and (w[1] != g[1] or w[2] != g[2]):
+            why = (f"{_leaf_path(wnodes, j)} has shape {g[1]} and dtype {g[2]} where the batch's first "
+                   f"sample has shape {w[1]} and dtype {w[2]}")
+        if none is None and got_row >= 0 and w[0] is NoneType and g[0] is not NoneType:
+            none = f"{_leaf_path(wnodes, j)} is None, {where} {kind_of(g[0])}"
+    return why, none
 
 
 cdef str _leaf_path(list nodes, Py_ssize_t leaf):

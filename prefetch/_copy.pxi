@@ -43,7 +43,7 @@ cdef size_t NOGIL_MIN_BYTES = 1 << 16
 MAX_STATE_NESTING = 1000
 
 
-cdef class CopyPlan(_LeafSink):
+cdef class CopyPlan:
     """The copies of the batch being fetched, handed to leaf adapters.
 
     ``array(a)`` returns a fresh C-contiguous pool-backed array with ``a``'s
@@ -264,26 +264,21 @@ cdef uint64_t _tree_nbytes(object tree) except? 0xFFFFFFFFFFFFFFFF:
     and its registered leaves' that have ``nbytes`` (others count 0)."""
     cdef list leaves = []
     cdef uint64_t total = 0
-    _flatten(tree, _AS_IS, leaves)
+    _flatten(tree, None, leaves)
     for leaf in leaves:
         total += <uint64_t>cnp.PyArray_NBYTES(<cnp.ndarray>leaf) if isinstance(leaf, cnp.ndarray) \
             else _leaf_nbytes(leaf)
     return total
 
 
-def _walk(tree, Py_ssize_t times=1):
-    """The batch ``tree`` taken apart and rebuilt ``times`` times, as the
-    publisher does, for bench/bench_tree.py (the walk alone cannot be timed
-    through Prefetcher). Array leaves need a prefetcher's pool: TypeError here."""
+def _walk(tree):
+    """The batch ``tree`` taken apart and rebuilt, as the publisher does, for
+    bench/bench_tree.py (the walk alone cannot be timed through Prefetcher).
+    Array leaves need a prefetcher's pool: TypeError here."""
     cdef CopyPlan plan = CopyPlan.__new__(CopyPlan)
-    cdef list leaves
-    cdef Py_ssize_t i
+    cdef list leaves = []
     plan._reset()
-    out = None
-    for i in range(times):
-        leaves = []
-        try:
-            out = _unflatten(_flatten(tree, plan, leaves), leaves)
-        except _Closing:
-            raise TypeError("_walk takes batches without array leaves") from None
-    return out
+    try:
+        return _unflatten(_flatten(tree, plan, leaves), leaves)
+    except _Closing:
+        raise TypeError("_walk takes batches without array leaves") from None

@@ -99,14 +99,10 @@ cdef class _SoleProof:
     cdef void find(self, PyObject *root) except *
 
 
-cdef class _LeafSink:
-    # What the tree walk (_tree.pxi) hands each leaf to; the base keeps it as is.
-    cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index)
-
-
-cdef class CopyPlan(_LeafSink):
+cdef class CopyPlan:
     # One batch's copies (_copy.pxi): pool blocks taken and memcpy jobs queued
-    # while the tree is walked (GIL held), run afterwards without the GIL.
+    # while the tree is walked (_tree.pxi hands it each leaf, GIL held), run
+    # afterwards without the GIL.
     cdef pf_pool *_pool            # borrowed from the _Core; NULL once it closed
     cdef pf_copy_job *_jobs
     cdef size_t _njobs
@@ -219,70 +215,6 @@ cdef class _FetchStage(_Stage):
     cdef uint64_t _fetched         # batches fetched, for the error note
 
 
-@cython.final
-cdef class _Gauge:
-    cdef object name               # the stage's, for the notice
-    cdef object what               # what the threads call: "dataset[i]", "the mapped function"
-    cdef object remedy             # the notice's advice on processes (a drop-in may name its framework's)
-    cdef int64_t t0                # the window's start; 0: the next batch starts one
-    cdef int64_t busy0             # the threads' time inside load() at the window's start
-    cdef object cpu0, runq0, proc0 # the meter's figures then (_meter.pxi; None: unknown)
-    cdef int threads               # threads claiming work in the window
-    cdef int cpus                  # CPUs the process may use
-    # over every window (seconds, and seconds times a figure)
-    cdef double wall_s, busy_s, par_s, wait_s
-    # over the serialized windows (the notice's figures)
-    cdef double ser_wall_s, ser_busy_s, ser_par_s
-    cdef int probes, probes_ser    # probes of the GIL made, and those that found the threads waiting
-    cdef bint last_probe           # the last probe's verdict
-    cdef int skip                  # judged windows until the next probe
-    cdef bint last_serialized      # the last window's verdict, and its thread count
-    cdef int last_threads
-    cdef double last_busy, last_par, last_cpu
-    cdef bint last_open            # the last window called for a probe that did not tell
-    cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
-    cdef object probe              # and what probes them (a meter, or a test's verdict)
-    cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
-                                   # makes a stage per epoch carries it over)
-    cdef object notice             # a GILBoundWarning for the consumer to raise, or None
-
-    cdef void restart(self, str what)
-    cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
-                         tuple at_work) except -1
-    cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
-                      tuple at_work=*) except -1
-    cdef object _probe(self, probe, tuple at_work)
-    cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1
-    cdef _make_notice(self, int threads, double par, double wait_share, trial)
-    cpdef object take_notice(self)
-
-
-@cython.final
-cdef class _Tuner:
-    cdef int max_threads           # the most threads a trial may reach
-    cdef double cpus               # CPUs the process may use
-    cdef int ceiling               # no trial above this (lowered by a failed trial)
-    cdef int retry                 # windows until the ceiling is lifted again
-    cdef int trial_from            # the count before the trial running, or 0
-    cdef double trial_rate         # samples/s before the trial: the best of the recent windows
-    cdef double trial_low          # the trial's slowest window so far
-    cdef int trial_windows         # windows measured in the trial
-    cdef list recent               # samples/s of the last RECENT windows at the current count
-    cdef int64_t t0                # the window's start; 0: the next batch starts one
-    cdef int64_t wait0             # the publisher's wait at the window's start
-    cdef double cpu0               # process CPU time at the window's start
-    cdef uint64_t samples0
-    cdef Py_ssize_t batches        # batches in the window
-    cdef readonly str reason       # why the count is not growing now ("" before the first window)
-
-    cdef void restart(self)
-    cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int threads, uint64_t samples, int64_t wait_ns, _Gauge gauge) except -1
-    cpdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
-    cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *
-
-
 cdef class _Batch:
     # One batch of a map stage being assembled (_assemble.pxi).
     cdef Py_ssize_t k              # its number in the epoch, from 0
@@ -379,7 +311,7 @@ cdef class _StackAssembly(_Assembly):
 
 
 cdef class _OwningAssembly(_Assembly):
-    # collate=f and no batching: the thread copies what it hands on (_assemble.pxi).
+    # No batching, and collate=f's base: the thread copies what it hands on (_assemble.pxi).
     cdef object collate            # collate=f (no batching: applied to the one sample), or None
     # the copies of the batches taken (_COPY_FIGURES), per epoch as the core's
     # counters (a batch of the next epoch may be copied before that epoch starts)
@@ -387,11 +319,6 @@ cdef class _OwningAssembly(_Assembly):
     cdef set closers               # close hooks of the leaf adapters those copies used
 
     cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2
-
-
-@cython.final
-cdef class _SingleAssembly(_OwningAssembly):
-    pass
 
 
 @cython.final
@@ -484,12 +411,11 @@ cdef class _Epochs:
 cdef class _ThreadWork:
     # What loader threads work for; the map stage implements it (_threads.pxi).
     cdef object thread_load(self, _ThreadContext t)
-    cdef void thread_failed(self, _ThreadContext t, exc) except *
     cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row)
     cdef object key_of(self, _Batch b, Py_ssize_t row, _ThreadContext t)
     cdef void check_key(self, key) except *
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *
+    cdef void failed(self, _Batch b, Py_ssize_t row, _ThreadContext t, exc, str what) except *
+    cdef void loaded(self, _Batch b, Py_ssize_t row, _ThreadContext t, sample) except *
     cdef void done(self, _Batch b, _ThreadContext t) except *
     cdef void wake(self)
 
@@ -514,6 +440,69 @@ cdef class _LoaderThreads:
     cdef tuple clocks_and_tids(self, bint at_work)
     cdef str describe(self)
     cdef void close(self, double grace) except *
+
+
+@cython.final
+cdef class _Gauge:
+    cdef object name               # the stage's, for the notice
+    cdef object what               # what the threads call: "dataset[i]", "the mapped function"
+    cdef object remedy             # the notice's advice on processes (a drop-in may name its framework's)
+    cdef int64_t t0                # the window's start; 0: the next batch starts one
+    cdef int64_t busy0             # the threads' time inside load() at the window's start
+    cdef object cpu0, runq0, proc0 # the meter's figures then (_meter.pxi; None: unknown)
+    cdef int threads               # threads claiming work in the window
+    cdef int cpus                  # CPUs the process may use
+    # over every window (seconds, and seconds times a figure)
+    cdef double wall_s, busy_s, par_s, wait_s
+    # over the serialized windows (the notice's figures)
+    cdef double ser_wall_s, ser_busy_s, ser_par_s
+    cdef int probes, probes_ser    # probes of the GIL made, and those that found the threads waiting
+    cdef bint last_probe           # the last probe's verdict
+    cdef int skip                  # judged windows until the next probe
+    cdef bint last_serialized      # the last window's verdict, and its thread count
+    cdef int last_threads
+    cdef double last_busy, last_par, last_cpu
+    cdef bint last_open            # the last window called for a probe that did not tell
+    cdef tuple at_work             # the clocks and ids of the threads at work when it closed,
+    cdef object probe              # and what probes them (a meter, or a test's verdict)
+    cdef bint noticed              # the notice was made (it is given once; a drop-in whose loader
+                                   # makes a stage per epoch carries it over)
+    cdef object notice             # a GILBoundWarning for the consumer to raise, or None
+
+    cdef void restart(self, str what)
+    cdef bint due(self, int64_t now)
+    cdef int after_batch(self, int64_t now, _LoaderThreads crew, int threads) except -1
+    cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
+                      tuple at_work=*) except -1
+    cdef object _probe(self, probe, tuple at_work)
+    cpdef bint trial_failed(self, int tried, int kept, double speedup) except -1
+    cdef _make_notice(self, int threads, double par, double wait_share, trial)
+    cpdef object take_notice(self)
+
+
+@cython.final
+cdef class _Tuner:
+    cdef int max_threads           # the most threads a trial may reach
+    cdef double cpus               # CPUs the process may use
+    cdef int ceiling               # no trial above this (lowered by a failed trial)
+    cdef int retry                 # windows until the ceiling is lifted again
+    cdef int trial_from            # the count before the trial running, or 0
+    cdef double trial_rate         # samples/s before the trial: the best of the recent windows
+    cdef double trial_low          # the trial's slowest window so far
+    cdef int trial_windows         # windows measured in the trial
+    cdef list recent               # samples/s of the last RECENT windows at the current count
+    cdef int64_t t0                # the window's start; 0: the next batch starts one
+    cdef int64_t wait0             # the publisher's wait at the window's start
+    cdef double cpu0               # process CPU time at the window's start
+    cdef uint64_t samples0
+    cdef Py_ssize_t batches        # batches in the window
+    cdef readonly str reason       # why the count is not growing now ("" before the first window)
+
+    cdef void restart(self)
+    cdef bint due(self, int64_t now)
+    cdef int after_batch(self, int threads, uint64_t samples, int64_t wait_ns, _Gauge gauge) except -1
+    cpdef int decide(self, int threads, double rate, double waited, double busy, _Gauge gauge) except -1
+    cdef void _new_window(self, int64_t now, uint64_t samples, int64_t wait_ns) except *
 
 
 @cython.final
@@ -594,7 +583,6 @@ cdef class _Core:
     cdef list _warnings            # (message, category) raised on the publisher thread for the consumer
     cdef object _thread            # the publisher threading.Thread
     cdef tuple _on_thread          # adapters' thread-state applies, run first on the publisher thread
-    cdef object _publisher_ident   # its threading.get_ident(), once it runs
     cdef readonly object name
     cdef readonly str kind         # "prefetcher" or "loader", for messages
     cdef readonly int depth

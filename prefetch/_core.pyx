@@ -158,7 +158,6 @@ cdef class _Core:
         cdef _Stage stage = self._stage
         cdef _Parts parts = self._parts
         delivery = stage.device()
-        self._publisher_ident = threading.get_ident()
         _warn.relay_into(self._warnings)   # a source's warnings for the consumer (_warn.py)
         try:
             while True:
@@ -299,7 +298,7 @@ cdef class _Core:
                 timeout = None   # centuries: no deadline (and no int64 overflow)
             else:
                 deadline = t0 + <int64_t>timeout_ns
-        if threading.get_ident() == self._publisher_ident or self._stage.on_own_thread():
+        if threading.current_thread() is self._thread or self._stage.on_own_thread():
             # The stage's code (a source, a dataset) calling next() on its own
             # prefetcher would wait for the threads that produce the batch: itself.
             raise RuntimeError(f"next() on {self.kind} {self.name!r} called from one of its own "

@@ -69,7 +69,6 @@ cdef class _FetchStage(_Stage):
         self._stopped = True
 
     def finish(self):
-        self._doing = "finished"
         self.source = None   # the source's last batch is not kept alive
 
     def doing(self):

@@ -73,17 +73,16 @@ cdef class _Gauge:
         """The batch being taken closes a window."""
         return self.t0 == 0 or now - self.t0 >= GAUGE_WINDOW_NS
 
-    cdef int after_batch(self, int64_t now, int64_t busy_ns, tuple threads_now, int threads,
-                         tuple at_work) except -1:
+    cdef int after_batch(self, int64_t now, _LoaderThreads crew, int threads) except -1:
         """Called when due(), when the tuner's window closes and when the
-        thread count changed: ends the window at ``now`` (``busy_ns``: the
-        threads' total time at work so far, ``threads_now`` their (CPU
-        clocks, kernel ids), ``at_work`` those of the threads at work now,
-        which a probe looks at) and starts the next one. A window of another
-        thread count than ``threads``, or under 10 ms, is dropped."""
+        thread count changed: ends the window at ``now`` (the ``crew``'s time
+        at work so far, its threads' figures, and those of its threads at work
+        now, which a probe looks at) and starts the next one. A window of
+        another thread count than ``threads``, or under 10 ms, is dropped."""
         cdef double wall
+        cdef int64_t busy_ns = crew.at_work_ns(now)
         meter = _METER
-        cpu_s, runq_s, proc_s = meter.read(*threads_now)
+        cpu_s, runq_s, proc_s = meter.read(*crew.clocks_and_tids(False))
         if threads == self.threads and self.t0 != 0 and now - self.t0 >= GAUGE_WINDOW_NS // 5:
             wall = (now - self.t0) / 1e9
             cpu = runq = others = None
@@ -92,7 +91,8 @@ cdef class _Gauge:
                 others = max(0.0, (proc_s - self.proc0) / wall - cpu)
                 if runq_s is not None and self.runq0 is not None:
                     runq = (runq_s - self.runq0) / wall
-            self.window(wall, threads, (busy_ns - self.busy0) / 1e9 / wall, cpu, runq, others, meter, at_work)
+            self.window(wall, threads, (busy_ns - self.busy0) / 1e9 / wall, cpu, runq, others, meter,
+                        crew.clocks_and_tids(True))
         elif threads != self.threads:
             self.skip = 0   # the first judged window of a new count is probed
         self.t0 = now

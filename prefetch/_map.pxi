@@ -145,25 +145,26 @@ cdef class _MapStage(_ThreadWork):
 
     # The loader threads' work (_ThreadWork).
     cdef object thread_load(self, _ThreadContext t):
+        cdef _EpochBatches now
         per_thread = self.hooks.per_thread
-        t.info = WorkerInfo(t.wid, self.target, self.seed, self.epochs.now.epoch)
-        for apply in self.on_thread:
-            apply()
-        if self.hooks.stream:   # this thread's worker of the stream
-            t.reader = per_thread(t.wid)
-            t.info = WorkerInfo(t.wid, self.target, self.seed, t.info.epoch, t.reader.dataset)
-        # its worker's, or this thread's own dataset's (made before worker_init)
-        load = (t.reader.sample if t.reader is not None else self.load if per_thread is None
-                else per_thread(t.wid).__getitem__)
-        if self.worker_init is not None:
-            self.worker_init(t.wid)
+        try:
+            t.info = WorkerInfo(t.wid, self.target, self.seed, self.epochs.now.epoch)
+            for apply in self.on_thread:
+                apply()
+            if self.hooks.stream:   # this thread's worker of the stream
+                t.reader = per_thread(t.wid)
+                t.info = WorkerInfo(t.wid, self.target, self.seed, t.info.epoch, t.reader.dataset)
+            # its worker's, or this thread's own dataset's (made before worker_init)
+            load = (t.reader.sample if t.reader is not None else self.load if per_thread is None
+                    else per_thread(t.wid).__getitem__)
+            if self.worker_init is not None:
+                self.worker_init(t.wid)
+        except BaseException as exc:   # the epoch ends with it (the thread wakes the publisher)
+            now = self.epochs.now
+            _noted(exc, f"raised while starting loader thread {self.name}-w{t.wid} (worker_init({t.wid}))")
+            now.fail(exc, now.taken)
+            return None
         return load
-
-    cdef void thread_failed(self, _ThreadContext t, exc) except *:
-        """The epoch ends with the error (the thread wakes the publisher)."""
-        cdef _EpochBatches now = self.epochs.now
-        _noted(exc, f"raised while starting loader thread {self.name}-w{t.wid} (worker_init({t.wid}))")
-        now.fail(exc, now.taken)
 
     cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row):
         """The batch and row this thread loads next, in sampler order (a stream's: of its
@@ -242,20 +243,20 @@ cdef class _MapStage(_ThreadWork):
         if self.n_keys >= 0:
             _check_key(key, self.n_keys)
 
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *:
+    cdef void failed(self, _Batch b, Py_ssize_t row, _ThreadContext t, exc, str what) except *:
         cdef _EpochBatches e = self.epochs.epoch_of(b)
         self.asm.fail(b, row, t.wid, exc, what)
         if e is not None and not self.hooks.go_on:
             e.stop_after(b)   # no batch after it opens
 
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *:
+    cdef void loaded(self, _Batch b, Py_ssize_t row, _ThreadContext t, sample) except *:
         cdef int64_t nbytes
         if b.failure is not None or self.epochs.epoch_of(b) is None:
             return
         try:
             nbytes = self.asm.take_sample(b, row, sample, t)
         except BaseException as exc:
-            self.failed(b, row, key, t, exc, "collating")
+            self.failed(b, row, t, exc, "collating")
             return
         if nbytes >= 0:
             self._sized(b, nbytes)
@@ -362,19 +363,15 @@ cdef class _MapEpoch(_Stage):
         cdef int threads
         cdef int64_t now = pf_now_ns()
         cdef _MapStage st = self.stage
-        cdef _LoaderThreads crew = st.crew
         if st.gauge.due(now) or st.tuner is not None and st.tuner.due(now):
-            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks_and_tids(False), st.target,
-                                 crew.clocks_and_tids(True))
+            st.gauge.after_batch(now, st.crew, st.target)
         if st.tuner is None:
             return
         threads = st.tuner.after_batch(st.target, st.samples, st.wait_ns, st.gauge)
         if threads != st.target:
             st._set_threads(threads, st.rows)
             st.wake()   # parked threads' turn
-            now = pf_now_ns()
-            st.gauge.after_batch(now, crew.at_work_ns(now), crew.clocks_and_tids(False), threads,
-                                 crew.clocks_and_tids(True))
+            st.gauge.after_batch(pf_now_ns(), st.crew, threads)
 
     cdef void taken(self, uint64_t nbytes):
         cdef _MapStage st = self.stage

@@ -80,8 +80,7 @@ cdef class _SoleProof:
         free(self._found)
 
     cdef void clear(self):
-        if self.sole:
-            self.sole = None
+        self.sole = None
 
     cdef bint holds(self, object obj):
         """``obj`` was proven sole by the last find()."""

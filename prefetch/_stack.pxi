@@ -54,7 +54,7 @@ cdef class _StackAssembly(_Assembly):
             nodes = ref
         else:
             leaves = []
-            nodes = _flatten(sample, _AS_IS, leaves)
+            nodes = _flatten(sample, None, leaves)
             if b.cols is None:
                 with self._lock:
                     if b.cols is None:
@@ -83,11 +83,9 @@ cdef class _StackAssembly(_Assembly):
             # and that is its row's error; but where row 0 holds None in place of its value,
             # the batch fails naming row 0's sample, the one dataset[i] returned None for.
             if bad != BAD_NONE:
-                theirs = _sample_layout(nodes, mine)
-                want = _cols_layout(ref, cols)
-                none = _none_in(want, theirs, row)
+                why, none = _mismatch(_cols_layout(ref, cols), _sample_layout(nodes, mine), row)
                 if none is None:
-                    raise ValueError(_layout_differs(want, theirs))
+                    raise ValueError(why)
                 self._blame(b, 0, none, t.wid)
             return layout_bytes
         self._settle(b, row, nodes, mine, ref, cols, bad != BAD_NONE, idx, t.wid)
@@ -104,7 +102,8 @@ cdef class _StackAssembly(_Assembly):
         parts.nbytes = b.held
 
     def counts(self):
-        return dict(_Assembly.counts(self), bytes_collated=self.bytes_collated)
+        """The assembly's fields of Stats: it copies nothing but its rows."""
+        return dict(dict.fromkeys(_COPY_FIGURES, 0), bytes_collated=self.bytes_collated)
 
     cdef _settle(self, _StackBatch b, Py_ssize_t row, list nodes, list leaves, list ref, list cols,
                  bint differs, object idx, int wid):
@@ -133,7 +132,7 @@ cdef class _StackAssembly(_Assembly):
                     odd, b.odd = b.odd, None
                 if odd:
                     r, layout = min(odd)
-                    self._blame(b, r, _layout_differs(_cols_layout(ref, cols), layout), wid)
+                    self._blame(b, r, _mismatch(_cols_layout(ref, cols), layout)[0], wid)
                 return
             row0 = _sample_layout(nodes, leaves)
             with self._lock:
@@ -141,14 +140,13 @@ cdef class _StackAssembly(_Assembly):
                 b.row0 = R0_DIFFERS
                 odd, b.odd = b.odd, None
                 r = b.min_filled     # filled like the columns: it differs from row 0
-            why = _layout_differs(row0, _cols_layout(ref, cols))
-            none = _none_in(row0, _cols_layout(ref, cols), b.layout_row)
+            why, none = _mismatch(row0, _cols_layout(ref, cols), b.layout_row)
             if none is not None:   # row 0's None is the mistake, not the rows with a value
                 self._blame(b, 0, none, wid)
                 return
             for s, layout in sorted(odd or ()):
                 if s < r:
-                    found = _layout_differs(row0, layout)
+                    found = _mismatch(row0, layout)[0]
                     if found is not None:
                         r, why = s, found
                         break
@@ -163,7 +161,7 @@ cdef class _StackAssembly(_Assembly):
                     b.odd.append((row, theirs))
                     return
             want = b.row0_layout if b.row0 == R0_DIFFERS else _cols_layout(ref, cols)
-            why = _layout_differs(want, theirs)
+            why = _mismatch(want, theirs)[0]
             if why is not None:
                 raise ValueError(why)
             return
@@ -173,7 +171,7 @@ cdef class _StackAssembly(_Assembly):
             if row < b.min_filled:
                 b.min_filled = row
         elif b.row0 == R0_DIFFERS:
-            raise ValueError(_layout_differs(b.row0_layout, _cols_layout(ref, cols))
+            raise ValueError(_mismatch(b.row0_layout, _cols_layout(ref, cols))[0]
                              or "the sample differs from the batch's first sample")
 
     cdef _blame(self, _StackBatch b, Py_ssize_t row, why, int wid):

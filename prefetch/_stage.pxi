@@ -101,8 +101,7 @@ def _join_or_warn(threads, double grace, str owner, doing, at=None, double waite
     names the prefetcher or loader, ``doing(thread)`` what the thread is
     stuck in, ``waited`` the seconds it was given in all (``grace`` unless
     given: a close that spent some of it before). The warning points at
-    ``at`` (filename, line), else at the user's line. True when every
-    thread ended."""
+    ``at`` (filename, line), else at the user's line."""
     cdef int64_t deadline = pf_now_ns() + <int64_t>(grace * 1e9)
     if waited < 0:
         waited = grace
@@ -119,4 +118,3 @@ def _join_or_warn(threads, double grace, str owner, doing, at=None, double waite
     for t in stuck:
         _warn.warn(f"{owner}: thread {t.name!r} is still {doing(t)} after {seconds(waited)}; it is left "
                    f"as a daemon thread and exits when that returns", RuntimeWarning, at)
-    return not stuck

@@ -19,11 +19,9 @@ cdef class _ThreadWork:
     Loader threads only, GIL held; wake() from any thread."""
 
     cdef object thread_load(self, _ThreadContext t):
-        """Thread ``t`` starts: its load(key) (set-up may raise: it leaves)."""
+        """Thread ``t`` starts: its load(key); None where its set-up raised
+        (the work keeps the error): it leaves."""
         raise NotImplementedError
-
-    cdef void thread_failed(self, _ThreadContext t, exc) except *:
-        """Thread ``t``'s set-up raised ``exc``; it leaves."""
 
     cdef _Batch claim(self, _ThreadContext t, Py_ssize_t *row):
         """The batch and row thread ``t`` loads next (waits); None once closed."""
@@ -36,10 +34,10 @@ cdef class _ThreadWork:
     cdef void check_key(self, key) except *:
         """Raises for a key out of the dataset's range (that row's error)."""
 
-    cdef void failed(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, exc, str what) except *:
+    cdef void failed(self, _Batch b, Py_ssize_t row, _ThreadContext t, exc, str what) except *:
         """That row's ``exc``, raised while ``what`` ("loading", "collating")."""
 
-    cdef void loaded(self, _Batch b, Py_ssize_t row, key, _ThreadContext t, sample) except *:
+    cdef void loaded(self, _Batch b, Py_ssize_t row, _ThreadContext t, sample) except *:
         """That row's sample, on the thread that loaded it."""
 
     cdef void done(self, _Batch b, _ThreadContext t) except *:
@@ -111,11 +109,7 @@ cdef class _LoaderThreads:
         t.clock = _this_thread_clock()
         t.tid = threading.get_native_id()
         try:
-            try:
-                load = work.thread_load(t)
-            except BaseException as exc:
-                work.thread_failed(t, exc)
-                load = None
+            load = work.thread_load(t)
             if load is None:
                 t.gone = True   # the next ensure() starts another in its place
                 # Woken only now that this frame holds the error no more: the
@@ -140,7 +134,7 @@ cdef class _LoaderThreads:
                 except BaseException as exc:
                     if fork_epoch != pf_fork_epoch():
                         raise   # in a child forked inside load: its own exception (sys.exit())
-                    work.failed(b, row, key, t, exc, "loading")
+                    work.failed(b, row, t, exc, "loading")
                 if fork_epoch != pf_fork_epoch():
                     # load(key) forked and this is the child, on this thread's
                     # stack: the work, its locks and the pool belong to the
@@ -150,7 +144,7 @@ cdef class _LoaderThreads:
                 self.load_ns += pf_now_ns() - t0
                 t.busy(None, 0)
                 t.sample = None
-                work.loaded(b, row, key, t, sample)
+                work.loaded(b, row, t, sample)
                 sample = None   # before the next load: a dataset may check its buffer is free
                 work.done(b, t)
         finally:

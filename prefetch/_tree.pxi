@@ -1,8 +1,8 @@
 # _tree.pxi (included by _core.pyx): a batch's structure.
 #
 # _flatten walks a batch iteratively (no recursion: a deep batch cannot
-# overflow a thread's C stack), hands each leaf to a _LeafSink (the copy plan
-# of _copy.pxi, or none: the leaf as it is) and records the containers as
+# overflow a thread's C stack), hands each leaf to the copy plan of
+# _copy.pxi (or to none: the leaf as it is) and records the containers as
 # preorder nodes; _unflatten rebuilds the same containers around the new
 # leaves. Registered leaf and container types come from prefetch.adapters;
 # the core itself knows only numpy and the builtins. Any thread holding the
@@ -200,18 +200,9 @@ cdef inline tuple _kind_of(type t):
     return <tuple>found
 
 
-cdef class _LeafSink:
-    """What _flatten hands each leaf to; this base keeps the leaf as it is."""
-
-    cdef object _leaf(self, object obj, int kind, object handler, Py_ssize_t index):
-        return obj
-
-
-cdef _LeafSink _AS_IS = _LeafSink.__new__(_LeafSink)
-
-
-cdef list _flatten(object tree, _LeafSink plan, list leaves):
-    """Preorder nodes of ``tree``; appends plan._leaf(leaf) of every leaf to ``leaves``."""
+cdef list _flatten(object tree, CopyPlan plan, list leaves):
+    """Preorder nodes of ``tree``; appends plan._leaf(leaf) of every leaf to
+    ``leaves`` (without a plan: the leaf itself)."""
     cdef list nodes = []
     cdef list todo = [tree]
     # The containers on the path to the current node (held, so that no id in
@@ -236,7 +227,7 @@ cdef list _flatten(object tree, _LeafSink plan, list leaves):
         # The common types first, without a dictionary lookup.
         if t is cnp.ndarray:
             nodes.append(None)
-            leaves.append(plan._leaf(obj, K_ARRAY, None, len(leaves)))
+            leaves.append(obj if plan is None else plan._leaf(obj, K_ARRAY, None, len(leaves)))
             continue
         if t is tuple or t is list:
             kind = K_TUPLE if t is tuple else K_LIST
@@ -252,7 +243,7 @@ cdef list _flatten(object tree, _LeafSink plan, list leaves):
             handler = (<tuple>found)[1]
             if kind <= K_LEAF:
                 nodes.append(None)
-                leaves.append(plan._leaf(obj, kind, handler, len(leaves)))
+                leaves.append(obj if plan is None else plan._leaf(obj, kind, handler, len(leaves)))
                 continue
             children, aux = _children(obj, kind, handler)
         n = len(children)
@@ -422,34 +413,43 @@ cdef str _label(tuple node, Py_ssize_t p):
     return f"[{p}]"
 
 
-cdef list _node_paths(list nodes, str root, list stack=None):
-    """How each preorder node is reached from the root: root[0]['x'].name.
-    ``stack`` (given: empty) ends holding [node index, children seen, its
-    path] of each container open at the last node, outermost first."""
-    cdef list out = []
-    cdef Py_ssize_t i
-    if stack is None:
-        stack = []
+cdef list _kids(list nodes):
+    """The children of each preorder node, as node indices (a leaf's: none)."""
+    cdef Py_ssize_t i, parent
+    cdef list kids = [[] for node in nodes]
+    cdef list open = []            # the containers whose children are still to come
     for i in range(len(nodes)):
-        while stack and stack[len(stack) - 1][1] == nodes[stack[len(stack) - 1][0]][2]:
-            stack.pop()
-        if stack:
-            top = stack[len(stack) - 1]
-            here = top[2] + _label(nodes[top[0]], top[1])
-            top[1] += 1
-        else:
-            here = root
-        out.append(here)
-        if nodes[i] is not None and nodes[i][2]:
-            stack.append([i, 0, here])
-    return out
+        if open:
+            parent = open[len(open) - 1]
+            (<list>kids[parent]).append(i)
+            if len(<list>kids[parent]) == (<tuple>nodes[parent])[2]:
+                open.pop()
+        if nodes[i] is not None and (<tuple>nodes[i])[2]:
+            open.append(i)
+    return kids
+
+
+cdef list _node_paths(list nodes, str root):
+    """How each preorder node is reached from the root: root[0]['x'].name."""
+    cdef Py_ssize_t i, p
+    cdef list paths = [root] * len(nodes)
+    cdef list kids = _kids(nodes)
+    for i in range(len(nodes)):
+        for p in range(len(<list>kids[i])):
+            paths[kids[i][p]] = paths[i] + _label(nodes[i], p)
+    return paths
 
 
 cdef str _cycle_message(list nodes, list path, object obj):
     """'batch[1]['x'] is the same list as batch[1]': where the batch contains
     itself. The last node is ``obj`` again, and ``path`` its ancestors."""
-    cdef list open = []            # _flatten's ``path``, then the last node
-    here = _node_paths(nodes, "batch", open)[len(nodes) - 1]
-    ancestor = next(o[2] for o, p in zip(open, path) if p is obj)
-    return (f"the batch contains itself: {here} is the same {type(obj).__name__} as "
+    cdef list paths = _node_paths(nodes, "batch")
+    cdef dict parent = {c: i for i, kids in enumerate(_kids(nodes)) for c in kids}
+    cdef list ancestors = []       # the last node's, innermost first: ``path`` reversed
+    i = len(nodes) - 1
+    while i in parent:
+        i = parent[i]
+        ancestors.append(i)
+    ancestor = next(paths[a] for a, p in zip(reversed(ancestors), path) if p is obj)
+    return (f"the batch contains itself: {paths[len(nodes) - 1]} is the same {type(obj).__name__} as "
             f"{ancestor} (its own ancestor); a batch must be a tree")
