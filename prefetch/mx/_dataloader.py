@@ -24,6 +24,7 @@ import numpy as np
 from prefetch._framework import (
     Choice,
     ClosedError,
+    Closing,
     Cut,
     FrameworkLoader,
     Identity,
@@ -207,7 +208,7 @@ def _sampler_state(saved):
 GLUON_LOADER = "mxnet.gluon.data.DataLoader"   # the framework part's name in the resume state
 
 
-class DataLoader(_gluon_data.DataLoader):
+class DataLoader(_gluon_data.DataLoader, Closing):
     """``mx.gluon.data.DataLoader`` with the same signature, samplers and
     batches, loading on ``num_workers`` threads (one when it is 0).
 
@@ -521,12 +522,6 @@ class DataLoader(_gluon_data.DataLoader):
             self._gluon._worker_pool = None   # Gluon's __del__ has nothing left to end
             pool.terminate()
             pool.join()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
 
     def __del__(self):
         pass   # Gluon's terminates its process pool; the Loaders go with this object
