@@ -292,8 +292,11 @@ class DataLoader(_gluon_data.DataLoader, Closing):
         if self.auto_reload:
             self.refresh()
 
-    def _take(self):
-        """A Loader for a new pass: one left idle, or a new one."""
+    def _for_next(self):
+        """The Loader for the next pass: the one holding a loaded state, one left idle, or a new one."""
+        loader, self._next = self._next, None
+        if loader is not None:
+            return loader
         with self._lock:
             if self._closed:
                 raise ClosedError("this DataLoader is closed")
@@ -315,11 +318,6 @@ class DataLoader(_gluon_data.DataLoader, Closing):
             loader.close()
             raise ClosedError("this DataLoader is closed")
         return loader
-
-    def _for_next(self):
-        """The Loader for the next pass: the one holding a loaded state, or one from ``_take``."""
-        loader, self._next = self._next, None
-        return loader if loader is not None else self._take()
 
     def _release(self, loader, epoch):
         """The pass on ``loader`` ended or was dropped: its loading stops and
