@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from prefetch import _lifecycle, _warn
 from prefetch._core import MAP_KEYS_UNCHECKED
 from prefetch._handover import Choice, Cut, ProcessEpoch, say_handover, start_method, unpicklable
+from prefetch._lifecycle import Closing
 from prefetch._options import (
     MAX_EPOCH,
     Options,
@@ -44,8 +45,8 @@ from prefetch.adapters import (
 from prefetch.iterator import Prefetcher
 from prefetch.loader import Loader, ints, worker_info
 
-__all__ = ["MAX_EPOCH", "Choice", "ClosedError", "Cut", "FrameworkLoader", "GILBoundWarning", "Identity",
-           "Options", "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int",
+__all__ = ["MAX_EPOCH", "Choice", "ClosedError", "Closing", "Cut", "FrameworkLoader", "GILBoundWarning",
+           "Identity", "Options", "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int",
            "check_loading", "check_num_workers", "close_when_dropped", "ints", "machinery", "order_part",
            "ProcessEpoch", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",

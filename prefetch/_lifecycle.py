@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from prefetch import _warn
 from prefetch._core import _Core, _Iterator
@@ -43,7 +43,23 @@ def _collected(core: _Core, owned: tuple[Any, ...], kind: str, created_at: tuple
         _warn.warn(message, ResourceWarning, created_at)
 
 
-class _Lifecycle(_Iterator):
+_C = TypeVar("_C", bound="Closing")
+
+
+class Closing:
+    """``with`` closes it: what every object that owns threads shares."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class _Lifecycle(_Iterator, Closing):
     """Base of Prefetcher and Loader: one ``_Core`` per epoch, started by
     ``_install``; ``_owned`` (a pool shared by the epochs, a loader's stage)
     outlives the epochs and is closed last."""
@@ -117,9 +133,3 @@ class _Lifecycle(_Iterator):
         if self._core is None:
             raise ValueError(f"{type(self).__name__}.__init__ did not complete")
         return Stats(**self._core.stats())
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()

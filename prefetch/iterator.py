@@ -135,7 +135,6 @@ class Prefetcher(_Lifecycle, Generic[T]):
 
     if TYPE_CHECKING:
         def __next__(self) -> T: ...
-        def __enter__(self) -> "Prefetcher[T]": ...
 
     def __len__(self) -> int:
         if not isinstance(self._source, Sized):

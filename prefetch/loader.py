@@ -534,9 +534,6 @@ class Loader(_Threaded[T]):
             return n
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    if TYPE_CHECKING:
-        def __enter__(self) -> "Loader[T]": ...
-
 
 def _is_stream(dataset: Any) -> bool:
     """An iterable dataset: ``__iter__`` without ``__getitem__`` and

@@ -24,6 +24,7 @@ import numpy as np
 from prefetch._framework import (
     Choice,
     ClosedError,
+    Closing,
     Cut,
     FrameworkLoader,
     Identity,
@@ -207,7 +208,7 @@ def _sampler_state(saved):
 GLUON_LOADER = "mxnet.gluon.data.DataLoader"   # the framework part's name in the resume state
 
 
-class DataLoader(_gluon_data.DataLoader):
+class DataLoader(_gluon_data.DataLoader, Closing):
     """``mx.gluon.data.DataLoader`` with the same signature, samplers and
     batches, loading on ``num_workers`` threads (one when it is 0).
 
@@ -291,8 +292,11 @@ class DataLoader(_gluon_data.DataLoader):
         if self.auto_reload:
             self.refresh()
 
-    def _take(self):
-        """A Loader for a new pass: one left idle, or a new one."""
+    def _for_next(self):
+        """The Loader for the next pass: the one holding a loaded state, one left idle, or a new one."""
+        loader, self._next = self._next, None
+        if loader is not None:
+            return loader
         with self._lock:
             if self._closed:
                 raise ClosedError("this DataLoader is closed")
@@ -314,11 +318,6 @@ class DataLoader(_gluon_data.DataLoader):
             loader.close()
             raise ClosedError("this DataLoader is closed")
         return loader
-
-    def _for_next(self):
-        """The Loader for the next pass: the one holding a loaded state, or one from ``_take``."""
-        loader, self._next = self._next, None
-        return loader if loader is not None else self._take()
 
     def _release(self, loader, epoch):
         """The pass on ``loader`` ended or was dropped: its loading stops and
@@ -521,12 +520,6 @@ class DataLoader(_gluon_data.DataLoader):
             self._gluon._worker_pool = None   # Gluon's __del__ has nothing left to end
             pool.terminate()
             pool.join()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
 
     def __del__(self):
         pass   # Gluon's terminates its process pool; the Loaders go with this object

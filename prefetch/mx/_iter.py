@@ -6,7 +6,7 @@ thread (it is the source of the PrefetchingIter's Prefetcher); every
 """
 import threading
 
-from prefetch._framework import ClosedError, Options, Prefetcher
+from prefetch._framework import ClosedError, Closing, Options, Prefetcher
 from prefetch.mx._device import as_context
 from prefetch.mx._mxnet import mx
 
@@ -106,7 +106,7 @@ def _current(field):
     return get
 
 
-class PrefetchingIter(mx.io.DataIter):
+class PrefetchingIter(mx.io.DataIter, Closing):
     """Prefetches batches of one or several DataIters on a background thread,
     each batch a fresh copy (drop-in for ``mx.io.PrefetchingIter``).
 
@@ -238,12 +238,6 @@ class PrefetchingIter(mx.io.DataIter):
         self.current_batch = None
         self._rounds.stopped = True   # no round starts after this
         self._pf.close()   # it synchronises the engine once
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
 
     def __del__(self):
         # Scripts free mx's class with an explicit __del__(); keep that working.

@@ -26,6 +26,7 @@ from prefetch._framework import (
     MAX_EPOCH,
     Choice,
     ClosedError,
+    Closing,
     FrameworkLoader,
     Identity,
     Stats,
@@ -92,7 +93,7 @@ def _check_given(given: dict[str, Any], loading: str) -> None:
         raise ValueError(f"batch_size should be a positive integer value, but got batch_size={size!r}")
 
 
-class DataLoader(torch.utils.data.DataLoader[_T_co]):
+class DataLoader(torch.utils.data.DataLoader[_T_co], Closing):
     """``torch.utils.data.DataLoader`` (a subclass: the same signature,
     samplers, batches and errors for bad arguments) loading on
     ``num_workers`` threads (0: one thread, with ``get_worker_info()`` None
@@ -267,12 +268,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         samplers, the arguments) and a loaded state: not the threads of an
         epoch begun, which stay in this process as torch's worker processes do."""
         return dict(self.__dict__, _position=None, _iterator=None)
-
-    def __enter__(self) -> DataLoader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class StatefulDataLoader(DataLoader[_T_co]):
