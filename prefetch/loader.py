@@ -80,7 +80,9 @@ def ints(perm: Any) -> Iterator[int]:
 
 def _batched(keys: Iterator[Any], size: Optional[int], drop_last: bool) -> Iterator[list[Any]]:
     """The key lists of ``size`` keys each (None: each key alone)."""
-    size = size or 1
+    if size is None:   # per sample: no islice and list per key
+        yield from ([k] for k in keys)
+        return
     while True:
         chunk = list(itertools.islice(keys, size))
         if len(chunk) < size:
