@@ -5,7 +5,8 @@ loop over the words), about 26 ms per batch of 32 on one thread, and returns
 the padded token ids (int64) and a label. Threads run such a dataset[i] one at a
 time, whatever their number; process workers run it in parallel. Step 0 (the
 consumer takes batches as fast as they come); every loader built once and each
-figure an epoch right after an untimed one, as in the image pipeline. Rows,
+figure the batches/s of --gil-epochs consecutive epochs right after an untimed
+one (the image pipeline times one). Rows,
 interleaved within each repetition:
 
     plain loop                  dataset[i] per sample and np.stack, on the main thread
@@ -64,6 +65,11 @@ WARN_S, WARN_BATCHES, WARN_CLOSE = 2.0, 3, 0.10   # the warning's targets
 DROPIN = "prefetch.torch.DataLoader(num_workers=2)"
 DROPIN_FIRST = "prefetch.torch.DataLoader(num_workers=2), first epoch"
 GOAL = 0.95   # the advice against torch's own loader, batches/s
+# Epochs timed per figure: one epoch of this section is a fraction of a second, and the per-epoch
+# ratio of two process loaders spreads by +-6 % on a quiet 2-core machine (scheduling of the
+# consumer and two workers), which leaves a 0.95 target inconclusive; four epochs per figure
+# halve that spread.
+EPOCHS = 4
 
 WORDS = ("the of and to in is was for on that with as by at from his her an were are which this be or "
          "had not but first one their its new after who they have two been has more also into other "
@@ -73,11 +79,13 @@ WORDS = ("the of and to in is was for on that with as by at from his her an were
 def add_arguments(g):
     g.add_argument("--gil-batches", type=int, default=None, help="batches per epoch (default 12; quick 6)")
     g.add_argument("--gil-ms", type=float, default=26.0, help="ms per batch of 32 on one thread (calibrated)")
+    g.add_argument("--gil-epochs", type=int, default=None,
+                   help="consecutive epochs timed for each figure (default 4; quick 1)")
 
 
 def config(a):
     return {"reps": a.reps or (6 if a.quick else 10), "batches": a.gil_batches or (6 if a.quick else 12),
-            "ms": a.gil_ms}
+            "ms": a.gil_ms, "epochs": a.gil_epochs or (1 if a.quick else EPOCHS)}
 
 
 class Texts:
@@ -242,7 +250,8 @@ def run(cfg, say):
 
         for rep in S.repetitions(cfg, unresolved, say, "GIL-bound dataset"):
             for name in U.rotate(list(rows), rep):
-                bps[name].append(steady_epoch_batches_per_s(built[name][0], 0))
+                first = name in (TORCH2_FIRST, DROPIN_FIRST)   # each epoch a fresh loader's first
+                bps[name].append(steady_epoch_batches_per_s(built[name][0], 0, 1 if first else cfg["epochs"]))
         workers_auto = reason_auto = None
         if LOADER_AUTO in built:
             workers_auto = getattr(built[LOADER_AUTO][0].stats(), "workers", None)
@@ -263,7 +272,7 @@ def run(cfg, say):
                                   iv.text(2), S.judge(iv, GOAL, True)))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     lines = [f"  one batch of {BATCH} loads in {load_s * 1e3:.0f} ms on one thread (pure Python, holds the GIL); "
-             f"{cpus} CPUs; epochs of {cfg['batches']} batches; step 0"]
+             f"{cpus} CPUs; epochs of {cfg['batches']} batches, {cfg['epochs']} timed per figure; step 0"]
     absent = [[name, "not installed"] for name in skipped if name in P.PEERS]
     lines += [""] + U.table_lines(["batches/s", "median [95% interval]"],
                                   [[name, S.interval(v).text(1)] for name, v in bps.items()] + absent

@@ -191,28 +191,31 @@ class _Reiter:
         return iter(self.fn())
 
 
-def _epoch_batches_per_s(loader, step_s):
-    """One whole epoch (each loader's own end of epoch, so the next loop starts a new one)."""
-    t0 = time.perf_counter()
+def _epoch_batches(loader, step_s):
+    """One whole epoch (each loader's own end of epoch, so the next loop starts a new one): its batches."""
     k = 0
     for _batch in loader:
         if step_s:
             time.sleep(step_s)   # the step: releases the GIL, as a GPU step does
         k += 1
-    return k / (time.perf_counter() - t0)
+    return k
 
 
-def steady_epoch_batches_per_s(loader, step_s):
-    """An epoch right after another one consumed at the same pace, as in a training run.
+def steady_epoch_batches_per_s(loader, step_s, epochs=1):
+    """Batches per second over ``epochs`` epochs right after another one consumed at the same
+    pace, as in a training run.
 
     Rows are interleaved, so between two of a loader's measurements the other rows run; a
     loader that keeps loading ahead across epochs (SPDL's continuous source, a Loader loading
     the next epoch's first batches) would fill its buffers meanwhile and be timed on a backlog.
-    The untimed epoch drains whatever was loaded ahead; the timed one starts with no more
-    loaded ahead than the loader keeps while a training loop consumes it.
+    The untimed epoch drains whatever was loaded ahead; the timed ones start with no more
+    loaded ahead than the loader keeps while a training loop consumes it. Several timed epochs
+    make one figure where an epoch is short against the machine's scheduling noise.
     """
-    _epoch_batches_per_s(loader, step_s)
-    return _epoch_batches_per_s(loader, step_s)
+    _epoch_batches(loader, step_s)
+    t0 = time.perf_counter()
+    k = sum(_epoch_batches(loader, step_s) for _ in range(epochs))
+    return k / (time.perf_counter() - t0)
 
 
 def dropin_pairs(bps, s):
@@ -248,7 +251,7 @@ def measure(rows, steps, cfg, say, pairs):
         for name, make in rows.items():
             say(f"image pipeline: building {name}")
             built[name] = make()
-            _epoch_batches_per_s(built[name][0], 0)   # warm: workers started, pools filled
+            _epoch_batches(built[name][0], 0)   # warm: workers started, pools filled
         bps = {s: {name: [] for name in rows} for s in steps}
         def open_rows():
             """Per step, the rows of the pairs whose interval still straddles their goal."""
