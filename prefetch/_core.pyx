@@ -440,10 +440,6 @@ cdef class _Core:
         )
 
     @property
-    def workers(self):
-        return self._stage.counts().get("workers", 0)
-
-    @property
     def fill(self):
         return self._produced - self.consumed if not self.closed else 0
 
