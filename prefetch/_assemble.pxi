@@ -40,6 +40,7 @@ cdef class _Assembly:
         self.pool = pool
         self.name = name
         self.delivery = delivery
+        self.closers = set()
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen):
         raise NotImplementedError
@@ -61,9 +62,12 @@ cdef class _Assembly:
         """An epoch begins: its counters start again."""
 
     def close(self):
-        """Once the threads are stopped: the device delivery."""
+        """Once the threads are stopped: the adapters' close hooks of what was
+        copied and the device delivery's, each once (one that is both runs once)."""
         if self.delivery is not None:
-            self.delivery.close()
+            self.closers.add(self.delivery.close)
+        while self.closers:
+            self.closers.pop()()   # popped first: run once, even if interrupted
 
     cdef void fail(self, _Batch b, Py_ssize_t row, int wid, exc, str what) except *:
         """Row ``row`` of ``b`` failed with ``exc`` (its note added): the batch
@@ -87,7 +91,6 @@ cdef class _OwningAssembly(_Assembly):
 
     def __cinit__(self, _Pool pool, name, collate, delivery):
         self.collate = collate
-        self.closers = set()
         self.new_epoch()
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen):
@@ -112,13 +115,6 @@ cdef class _OwningAssembly(_Assembly):
 
     def counts(self):
         return dict(zip(_COPY_FIGURES, self.copied), bytes_collated=0)
-
-    def close(self):
-        """The adapters' close hooks and the device delivery's, each once (one that is both runs once)."""
-        if self.delivery is not None:
-            self.closers.add(self.delivery.close)
-        while self.closers:
-            self.closers.pop()()   # popped first: run once, even if interrupted
 
     cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2:
         """``item`` (a sample with no batching, or a collate result) copied, or

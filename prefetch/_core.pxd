@@ -290,6 +290,7 @@ cdef class _Assembly:
     cdef object delivery           # the loader's device Delivery, or None: its one holder, which
                                    # closes it; the publisher delivers to it, adapters may copy there
     cdef size_t keep_batches       # batches in flight the pool keeps blocks for (the stage sets it)
+    cdef set closers               # close hooks of the leaf adapters its copies used (collate=f, no batching)
 
     cdef _Batch new_batch(self, Py_ssize_t k, list keys, unsigned long gen)
     cdef int64_t take_sample(self, _Batch b, Py_ssize_t row, object sample, _ThreadContext t) except -2
@@ -316,7 +317,6 @@ cdef class _OwningAssembly(_Assembly):
     # the copies of the batches taken (_COPY_FIGURES), per epoch as the core's
     # counters (a batch of the next epoch may be copied before that epoch starts)
     cdef list copied
-    cdef set closers               # close hooks of the leaf adapters those copies used
 
     cdef int64_t _own(self, object item, _OwnedBatch b, _ThreadContext t) except -2
 

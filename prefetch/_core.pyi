@@ -26,7 +26,6 @@ class _Core:
     name: str
     kind: str
     depth: int
-    workers: int
     closed: bool
     fill: int
     consumed: int
@@ -42,6 +41,7 @@ class _Core:
     def stats(self) -> dict[str, Any]: ...
 
 class _BatchCopy:
+    workers: int
     def __init__(self, pool: _Pool, workers: int, handover: bool, delivery: Any, keep_batches: int) -> None: ...
     def close(self) -> None: ...
 

@@ -3,16 +3,12 @@
 # It names no framework: numpy and the builtin containers are built in,
 # everything else comes through prefetch.adapters.
 #
-# Data path, one file per step. A stage produces (_stage.pxi): the fetch
-# stage (_fetch.pxi: next(source), then _batchcopy.pxi: the walk of
-# _tree.pxi, the CopyPlan of _copy.pxi, memcpy without the GIL by
-# csrc/pf_copy.c into pool blocks of _pool.pxi/csrc/pf_pool.c), or a map
-# stage's epoch (_map.pxi: dataset[i] on loader threads, _collate.pxi into
-# pooled rows, _gauge.pxi: do the threads run in parallel (_meter.pxi reads them), _tune.pxi for
-# workers="auto"). The _Core here publishes: its
-# one publisher thread reserves a ring slot (csrc/pf_ring.c), asks the stage
-# for the next batch's parts, delivers them to the device (an adapter's
-# Delivery), rebuilds the batch once and publishes it; the consumer takes it.
+# A stage produces (_stage.pxi): the fetch stage (_fetch.pxi) or a map
+# stage's epoch (_map.pxi). The _Core here publishes: its one publisher
+# thread reserves a ring slot (csrc/pf_ring.c), asks the stage for the next
+# batch's parts, delivers them to the device (an adapter's Delivery),
+# rebuilds the batch once and publishes it; the consumer takes it. The data
+# path, one file per step: the table of docs/design.md.
 # Threads: the publisher is the ring's one producer; any thread may call
 # take() (several consumers are serialised: the fast path runs under the
 # GIL, and only the holder of _consumer_lock waits for a slot without it);
@@ -442,10 +438,6 @@ cdef class _Core:
             blocks_reused=ps.blocks_reused,
             **self._stage.counts(),
         )
-
-    @property
-    def workers(self):
-        return self._stage.counts().get("workers", 0)
 
     @property
     def fill(self):

@@ -6,37 +6,14 @@
 # the meter (_meter.pxi): per second, the threads at work on average (`busy`:
 # inside load(key), or woken for it and waiting to run, _threads.pxi), the
 # CPUs they ran on (`cpu`), the CPUs they waited for while runnable (`runq`),
-# and the CPU the process's other threads used
-# (`others`: a library's own threads such as BLAS's, the training step).
-# judge() says from those figures whether a window is worth a probe; the
-# probe's verdict decides it. Both are fed figures by tests (window()).
-#
-# A window is probed where >= 2 threads were busy (>= 1.25 on average), they
-# wanted CPUs (cpu + runq >= 0.5: threads sleeping on I/O hold no GIL), ran on
-# fewer than 0.9 x busy CPUs (else they ran in parallel), and the process's
-# other threads used under half the CPU the loader threads did (else the
-# loader threads may wait on them: BLAS's callers wait for BLAS's threads,
-# which fill the CPUs). The figures alone cannot tell a GIL wait from a CPU
-# wait: a thread waiting for the GIL wakes every 5 ms to look at it, and beside
-# busy processes then waits for a CPU too (runq about 0.9 of a pure-Python
-# dataset's second thread, on 2 CPUs beside one busy process). The probe
-# (_meter.pxi) tells: holding the GIL, does no loader thread run, even once it
-# has a CPU; once let go does one run at once, and then do they run one at a
-# time? All three: they wait for the GIL, the window is serialized, and its
-# parallelism is the CPUs the threads ran on, at least one (one held the GIL
-# throughout); any other window's
-# parallelism is the busy threads. A probe that cannot tell (a thread got no
-# CPU for 10 ms) is not counted. After 8 probes only every 4th judged window
-# probes (the others reuse its verdict). Without run-queue figures (no /proc:
-# not Linux) no window is judged: no warning where the gauge cannot tell.
-#
-# The notice (a GILBoundWarning, raised on the consumer's thread by
-# _MapEpoch.before_take, once per stage): 3 probes or more, at least 3/4 of
-# all probes serialized, and a parallelism under 0.65 x min(threads, CPUs)
-# both over the serialized windows and over all windows; or a failed
-# workers="auto" trial whose window was serialized. Never where the process
-# may use one CPU only. Publisher thread, but the notice's hand-over
-# (take_notice); it calls nothing back.
+# and the CPU the process's other threads used (`others`: a library's own
+# threads such as BLAS's, the training step). judge() says from those figures
+# whether a window is worth a probe (the thresholds below); the probe's
+# verdict (_meter.pxi) decides it. Both are fed figures by tests (window()).
+# The notice is a GILBoundWarning, raised on the consumer's thread by
+# _MapEpoch.before_take, once per stage. Each rule, and why it is so:
+# docs/loader.md, "Where threads lose". Publisher thread, but the notice's
+# hand-over (take_notice); it calls nothing back.
 
 cdef double SERIAL_BUSY = 1.25      # threads busy on average, at least, to judge a window
 cdef double WANTED_CPU = 0.5        # ... that wanted CPUs (ran or waited for one), at least

@@ -91,27 +91,15 @@ cdef int64_t _runq_ns(int tid) noexcept:
 cdef int _waiting_for_the_gil(clocks, tids) except -2:
     """1 when the loader threads (their CPU clocks: ``clocks``, their kernel
     thread ids: ``tids``) wait for the GIL, 0 when they do not, -1 when it
-    cannot tell. Three looks, each of which may say 0:
-
-    - held: while this thread holds the GIL for GIL_HOLD_US, and on while one
-      of them is runnable (up to GIL_HOLD_MAX_US), none of them runs (no clock
-      moves GIL_RAN_NS: one running numpy, a decoder or any code that released
-      the GIL would, as soon as it has a CPU; one waiting for the GIL runs for
-      microseconds when it wakes to look, and sleeps again);
-    - let go: one of them runs within GIL_LET_GO_US (one waited for it, rather
-      than sleeping on I/O);
-    - watched, from then on for GIL_WATCH_US: they run about one at a time
-      (their clocks move under GIL_PARALLEL x that time together). Threads of
-      a dataset that holds the GIL stay asleep while one of them runs; threads
-      that queued by chance (the holder of the GIL kept off a CPU by busy
-      processes while the others left their GIL-free work) take the GIL in
-      turn and go back to that work, side by side.
-
-    Watched rather than looked at again once this thread takes the GIL back:
-    where the one running lets the GIL go briefly and takes it back (numpy's
-    allocator does), the others wait until it blocks, this thread as well,
-    and by then none of them is at work. -1 where a thread is still runnable
-    at GIL_HOLD_MAX_US in the first or the last look (no CPU for it so long)."""
+    cannot tell (a thread still runnable at GIL_HOLD_MAX_US in the first or
+    the last look: no CPU for it so long). Three looks, each of which may say
+    0: held (while this thread holds the GIL, none of them runs), let go (one
+    of them runs within GIL_LET_GO_US), watched (they run about one at a
+    time: _one_at_a_time); what each tells and why: docs/loader.md, "Where
+    threads lose". Watched rather than looked at again once this thread
+    takes the GIL back: where the one running lets the GIL go briefly and
+    takes it back (numpy's allocator does), the others wait until it
+    blocks, this thread as well, and by then none of them is at work."""
     cdef clockid_t ids[64]
     cdef int64_t start[64]
     cdef int tidv[64]

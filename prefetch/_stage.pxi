@@ -56,9 +56,12 @@ cdef class _Parts:
 
 cdef class _Stage:
     """What a stage offers its publisher (the _Core). A stage overrides
-    produce(); the other methods do nothing (or say "producing") unless it
-    needs them. Anything produce() raises is that batch's error (the
-    publisher notes it and ends the stream with it)."""
+    produce() and device(), and has the three Python methods the _Core calls:
+    stop() (close(): stop waiting; a produce() running returns P_STOPPED),
+    doing() (what it is busy with, for a TimeoutError) and counts() (its
+    fields of Stats). The other methods do nothing unless it needs them.
+    Anything produce() raises is that batch's error (the publisher notes it
+    and ends the stream with it)."""
 
     cdef int produce(self, _Parts parts) except -1:
         """The next batch in ``parts`` (P_BATCH), or P_END, P_FAILED, P_BATCH_FAILED, P_STOPPED."""
@@ -80,19 +83,8 @@ cdef class _Stage:
         """The device Delivery its batches go to, or None (publisher thread)."""
         return None
 
-    def stop(self):
-        """close(): stop waiting; a produce() running returns P_STOPPED."""
-
     def finish(self):
         """The publisher thread ends (on that thread): release what it used."""
-
-    def doing(self):
-        """What the stage is busy with, for a TimeoutError."""
-        return "producing"
-
-    def counts(self):
-        """The stage's fields of Stats."""
-        return {}
 
 
 def _join_or_warn(threads, double grace, str owner, doing, at=None, double waited=-1):

@@ -150,13 +150,10 @@ cdef class _LoaderThreads:
         finally:
             t.leave()
 
-    # A thread woken from its wait for work needs the GIL to run again. Where
-    # the dataset's Python holds it, a woken thread may wait a whole batch:
-    # CPython's GIL hands itself over on a 5 ms time-out, and a holder that
-    # lets it go briefly and takes it back (numpy's allocator does, inside
-    # dataset[i]) restarts that time-out each time. Those threads take turns
-    # per batch, not per sample, and are never inside load() together; the
-    # gauge counts this wait as time at work, so that it sees them queue.
+    # A thread woken from its wait for work needs the GIL to run again, and
+    # where the dataset's Python holds it may wait a whole batch: the gauge
+    # counts that wait as time at work, so that it sees the threads queue
+    # (why: docs/loader.md, "Where threads lose", its last paragraph).
 
     cdef int64_t wait_for_work(self, _ThreadContext t) except -1:
         """Thread ``t`` waits for work a slice (the condition held): the time

@@ -145,5 +145,5 @@ class Prefetcher(_Lifecycle, Generic[T]):
         core = self._core
         if core is None:
             return "<Prefetcher (not constructed)>"
-        return (f"<Prefetcher name={core.name!r} depth={core.depth} workers={core.workers} "
+        return (f"<Prefetcher name={core.name!r} depth={core.depth} workers={self._copy.workers} "
                 f"fill={core.fill} state={core.state}>")

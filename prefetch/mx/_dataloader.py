@@ -5,13 +5,12 @@ as Gluon's Estimator, takes it) whose constructor never calls Gluon's: that
 one starts a process pool. It validates its arguments as Gluon's does,
 builds Gluon's own samplers, and loads with a ``prefetch.Loader``.
 
-Threading contract: ``_own_copy`` runs on loader threads (once each);
+Threading contract: ``_per_thread`` runs on loader threads (once each);
 everything else on the consumer's thread, and a dropped pass's ``finally``
 wherever its generator is collected.
 """
 import base64
 import dataclasses
-import functools
 import gc
 import itertools
 import multiprocessing
@@ -135,14 +134,6 @@ def _fresh_reader(reader):
     own.is_open = False
     own.open()
     return own
-
-
-def _own_copy(kinds, paths, dataset, worker_id):
-    """A loader thread's dataset (the Loader's per-thread hook): its replica
-    with readers of its own (``paths``: a reader's seek-then-read is not
-    atomic, so threads cannot share one) and, with ``kinds``, a shallow copy
-    of each Gluon dataset in it."""
-    return replica(dataset, kinds, paths)
 
 
 # -- the batch sampler, its order and its state ----------------------------------
@@ -275,7 +266,9 @@ class DataLoader(_gluon_data.DataLoader, Closing):
         paths = _reader_paths(dataset)
         # num_workers=0: Gluon loads from the dataset itself (its readers are still the thread's)
         kinds = (_gluon_data.Dataset,) if self._num_workers > 0 else ()
-        self._per_thread = functools.partial(_own_copy, kinds, paths) if paths or kinds else None
+        # A loader thread's dataset: its replica with readers of its own (a reader's seek-then-read
+        # is not atomic, so threads cannot share one) and, with `kinds`, a copy of each Gluon dataset.
+        self._per_thread = (lambda data, worker_id: replica(data, kinds, paths)) if paths or kinds else None
         # Each pass (each iteration, as in Gluon) runs on a Loader that no
         # other pass holds: one whose pass ended or was dropped, or a new one.
         self._lock = threading.Lock()
