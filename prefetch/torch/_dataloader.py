@@ -330,11 +330,9 @@ def _core_names(state: Any) -> Any:
     """``_torchdata_names`` undone: the core's ``streams`` part of a drop-in's
     ``state``, for the one check (a map-style state's is None). ValueError
     where those names hold no worker's part (edited or truncated)."""
-    if not isinstance(state, dict) or "format" not in state:
-        return state   # not a prefetch state: the check says so
+    if not isinstance(state, dict) or "format" not in state or "streams" in state:
+        return state   # not a drop-in's state (a Loader's has the core's names): the check says what it is
     state = dict(state)
-    if "streams" in state:
-        raise ValueError("state has unknown keys 'streams' (edited?)")
     try:
         if "_snapshot" in state:
             snapshot = state.pop("_snapshot")

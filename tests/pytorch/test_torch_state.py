@@ -6,6 +6,8 @@ import threading
 
 import pytest
 
+import prefetch
+
 torch = pytest.importorskip("torch")
 
 from torch.utils.data import Dataset, IterableDataset  # noqa: E402
@@ -300,7 +302,6 @@ def _snapshots(state):
     (lambda s: _snapshots(s)["worker_0"].update(batches=-1), "bad stream parts.*batches"),
     (lambda s: s["_snapshot"].update(next=2), "bad stream parts.*next"),
     (lambda s: s["_snapshot"].pop("next"), "bad stream parts.*_snapshot has the keys"),
-    (lambda s: s.update(streams=None), "unknown keys 'streams'"),
     (lambda s: s.update(dataset_state=None), "unknown keys 'dataset_state'"),
 ])
 def test_an_edited_stream_part_under_torchdatas_names_is_refused_naming_it(edit, message):
@@ -314,6 +315,15 @@ def test_an_edited_stream_part_under_torchdatas_names_is_refused_naming_it(edit,
         with pytest.raises(ValueError, match=message):
             loader.load_state_dict(_edited(good, edit))
         assert [int(x) for x in loader] == whole
+
+
+def test_a_loaders_stream_state_is_refused_naming_it():
+    """A prefetch.Loader's state (the core's names) is refused as the Loader's, not as an edited one."""
+    with prefetch.Loader(TorchSharded(12), batch_size=2, workers=2) as loader:
+        state = loader.state_dict()
+    with DataLoader(TorchSharded(12), batch_size=2, num_workers=2) as ours:
+        with pytest.raises(ValueError, match="saved by prefetch.Loader; this is a torch.utils.data.DataLoader"):
+            ours.load_state_dict(state)
 
 
 @pytest.mark.parametrize("edit, message", [
