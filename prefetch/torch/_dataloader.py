@@ -154,7 +154,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co], Closing):
         with ``in_order=False`` too, after a ``break``, after ``close()``).
         Give it to ``load_state_dict`` of a new DataLoader over the same data
         to continue with the batches an uninterrupted run would have handed
-        out next. What it holds and what it does not restore: docs/dropins.md."""
+        out next. What it holds (a stream's parts under torchdata's names) and
+        what it does not restore: docs/dropins.md."""
+        return _torchdata_names(self._core_state(), self.num_workers)
+
+    def _core_state(self) -> dict[str, Any]:
+        """The state in the core's names."""
         if self._loaded is not None:
             return copy.deepcopy(self._loaded[0])
         position = self._position
@@ -209,6 +214,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co], Closing):
             # torchdata's key, which Accelerate sets on any loader's state
             # (whether its epoch ended): the state itself says that here.
             state = {k: v for k, v in state.items() if k != "_iterator_finished"}
+        state = _core_names(state)
         iterable = isinstance(self.dataset, IterableDataset)
         if iterable and self.loading == "processes" and isinstance(state, dict) and state.get("batches"):
             raise ValueError(f"state has batches={state['batches']!r}: {STREAM_STATE}")
@@ -292,7 +298,65 @@ def _torch_part(generator: Any) -> dict[str, Any]:
 
 
 # Keys of a state torchdata's own StatefulDataLoader saved (with 0 workers; with workers).
-_TORCHDATAS = frozenset(("_num_yielded", "_sampler_iter_state", "_index_sampler_state", "_snapshot"))
+_TORCHDATAS = frozenset(("_num_yielded", "_sampler_iter_state", "_index_sampler_state", "_steps_since_snapshot"))
+# A stream worker's part of a state under torchdata's names (its worker snapshot's, and the
+# worker's count of batches delivered, which torchdata's has no name for).
+_SNAPSHOT_KEYS = ["batches", "dataset_state", "fetcher_state"]
+
+
+def _torchdata_names(state: dict[str, Any], num_workers: int) -> dict[str, Any]:
+    """``state`` (the core's) with a stream's parts named as torchdata's
+    ``StatefulDataLoader`` names them, instead of the core's ``streams``:
+    worker w's in ``_snapshot["_worker_snapshots"]["worker_<w>"]``, beside
+    the worker due ``next`` (with ``num_workers=0`` the one worker's at the
+    top level, its batches the state's own ``batches``); in each, the
+    dataset's own state as ``dataset_state`` (None where the dataset is its
+    own iterator: the state is its iterator's) and the iterator's as
+    ``fetcher_state["dataset_iter_state"]``."""
+    streams = state.pop("streams")
+    if streams is None:   # a map-style dataset's state
+        return state
+    snapshots = [{"batches": part["batches"], "dataset_state": part["dataset"],
+                  "fetcher_state": {"dataset_iter_state": part["iterator"]}} for part in streams["workers"]]
+    if num_workers:
+        state["_snapshot"] = {"next": streams["next"],
+                              "_worker_snapshots": {f"worker_{w}": s for w, s in enumerate(snapshots)}}
+    else:
+        state.update(dataset_state=snapshots[0]["dataset_state"], fetcher_state=snapshots[0]["fetcher_state"])
+    return state
+
+
+def _core_names(state: Any) -> Any:
+    """``_torchdata_names`` undone: the core's ``streams`` part of a drop-in's
+    ``state``, for the one check (a map-style state's is None). ValueError
+    where those names hold no worker's part (edited or truncated)."""
+    if not isinstance(state, dict) or "format" not in state or "streams" in state:
+        return state   # not a drop-in's state (a Loader's has the core's names): the check says what it is
+    state = dict(state)
+    try:
+        if "_snapshot" in state:
+            snapshot = state.pop("_snapshot")
+            if sorted(snapshot) != ["_worker_snapshots", "next"]:
+                raise ValueError(f"_snapshot has the keys {sorted(snapshot)}, not _worker_snapshots and next")
+            due, snapshots = snapshot["next"], snapshot["_worker_snapshots"]
+            workers = [snapshots[f"worker_{w}"] for w in range(len(snapshots))]
+        elif "fetcher_state" in state or "dataset_state" in state:
+            due, workers = 0, [{"batches": state.get("batches"), "dataset_state": state.pop("dataset_state"),
+                                "fetcher_state": state.pop("fetcher_state")}]
+        else:
+            return dict(state, streams=None)
+        for s in workers:
+            if sorted(s) != _SNAPSHOT_KEYS or list(s["fetcher_state"]) != ["dataset_iter_state"]:
+                raise ValueError(f"a worker's snapshot must have the keys {_SNAPSHOT_KEYS}, its fetcher_state "
+                                 f"the key 'dataset_iter_state', got {s!r:.100}")
+        state["streams"] = {"next": due, "workers": [{"batches": s["batches"], "dataset": s["dataset_state"],
+                                                      "iterator": s["fetcher_state"]["dataset_iter_state"]}
+                                                     for s in workers]}
+    except KeyError as exc:
+        raise ValueError(f"state's stream parts lack {exc} (truncated or edited?)") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state has bad stream parts (truncated or edited?): {exc}") from None
+    return state
 
 
 def _refuse_torchdatas(state: Any) -> None:

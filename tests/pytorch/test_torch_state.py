@@ -6,6 +6,8 @@ import threading
 
 import pytest
 
+import prefetch
+
 torch = pytest.importorskip("torch")
 
 from torch.utils.data import Dataset, IterableDataset  # noqa: E402
@@ -279,6 +281,65 @@ def test_a_streams_state_refuses_another_worker_count():
     with DataLoader(TorchSharded(12), batch_size=None, num_workers=3) as other:
         with pytest.raises(ValueError, match="saved with 2 worker.*this DataLoader has 3"):
             other.load_state_dict(state)
+
+
+def _edited(state, edit):
+    state = json.loads(json.dumps(state))
+    edit(state)
+    return state
+
+
+def _snapshots(state):
+    return state["_snapshot"]["_worker_snapshots"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: _snapshots(s).pop("worker_1"), "bad stream parts.*next must be an int >= 0 and <= 0, got 1"),
+    (lambda s: (_snapshots(s).pop("worker_1"), s["_snapshot"].update(next=0)), "saved with 1 worker.*has 2"),
+    (lambda s: _snapshots(s).update(worker_7=_snapshots(s).pop("worker_1")), "stream parts lack 'worker_1'"),
+    (lambda s: _snapshots(s)["worker_0"]["fetcher_state"].clear(), "bad stream parts.*dataset_iter_state"),
+    (lambda s: _snapshots(s)["worker_0"].pop("dataset_state"), "bad stream parts.*dataset_state"),
+    (lambda s: _snapshots(s)["worker_0"].update(batches=-1), "bad stream parts.*batches"),
+    (lambda s: s["_snapshot"].update(next=2), "bad stream parts.*next"),
+    (lambda s: s["_snapshot"].pop("next"), "bad stream parts.*_snapshot has the keys"),
+    (lambda s: s.update(dataset_state=None), "unknown keys 'dataset_state'"),
+])
+def test_an_edited_stream_part_under_torchdatas_names_is_refused_naming_it(edit, message):
+    """SPEC §9: a stream's parts are written under torchdata's names and read
+    back into the one check; an edited one is a ValueError at
+    load_state_dict naming it, the loader unchanged."""
+    with DataLoader(TorchSharded(12), batch_size=None, num_workers=2) as loader:
+        whole = [int(x) for x in loader]
+        next(iter(loader))
+        good = loader.state_dict()
+        with pytest.raises(ValueError, match=message):
+            loader.load_state_dict(_edited(good, edit))
+        assert [int(x) for x in loader] == whole
+
+
+def test_a_loaders_stream_state_is_refused_naming_it():
+    """A prefetch.Loader's state (the core's names) is refused as the Loader's, not as an edited one."""
+    with prefetch.Loader(TorchSharded(12), batch_size=2, workers=2) as loader:
+        state = loader.state_dict()
+    with DataLoader(TorchSharded(12), batch_size=2, num_workers=2) as ours:
+        with pytest.raises(ValueError, match="saved by prefetch.Loader; this is a torch.utils.data.DataLoader"):
+            ours.load_state_dict(state)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.pop("fetcher_state"), "stream parts lack 'fetcher_state'"),
+    (lambda s: s.update(fetcher_state={"iterator": None}), "bad stream parts.*dataset_iter_state"),
+    (lambda s: s.update(fetcher_state=None), "bad stream parts"),
+])
+def test_an_edited_stream_part_with_no_workers_is_refused_naming_it(edit, message):
+    """With num_workers=0 the one worker's part is at the top level, as torchdata's."""
+    with DataLoader(TorchSharded(12), batch_size=None) as loader:
+        next(iter(loader))
+        good = loader.state_dict()
+        assert good["dataset_state"] is None and good["fetcher_state"] == {"dataset_iter_state": None}
+        with pytest.raises(ValueError, match=message):
+            loader.load_state_dict(_edited(good, edit))
+        assert [int(x) for x in loader] == list(range(12))
 
 
 def test_a_state_after_close_is_where_the_consumer_stopped():

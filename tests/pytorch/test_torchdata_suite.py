@@ -9,6 +9,7 @@ timing by sleeps). The datasets are written here to the same behaviour.
 
 The control runs torchdata's worker processes (fork): a test failing only
 there says the port is wrong, not the drop-in."""
+import copy
 import itertools
 import json
 
@@ -192,6 +193,40 @@ class SplitCounter(IterableDataset):
 
     def load_state_dict(self, state):
         self.curr, self.end = state["curr"], state["end"]
+
+
+class GrowingState(IterableDataset):
+    """torchdata's DynamicStateIterableDataset: its own iterator, its state
+    two entries (one a tensor) longer for each sample read."""
+
+    def __init__(self, samples):
+        self.samples, self.i = samples, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= len(self.samples):
+            raise StopIteration
+        self.i += 1
+        return self.samples[self.i - 1]
+
+    def state_dict(self):
+        state = {"i": self.i}
+        for a in range(self.i):
+            state[str(a)], state[f"t{a}"] = {a: list(range(a))}, torch.tensor(a, dtype=torch.int8)
+        return state
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+
+
+def _snapshots(state, workers):
+    """Each worker's part of ``state`` as torchdata names it: its worker
+    snapshots, or with 0 workers the state itself."""
+    if not workers:
+        return [state]
+    return [state["_snapshot"]["_worker_snapshots"][f"worker_{w}"] for w in range(workers)]
 
 
 # -- TestStatefulDataLoaderIterable / Map / StatefulSampler / Generator(NoState) / Iterable2 --
@@ -411,6 +446,50 @@ def test_iteration_error(SDL):
         # frame, and free_the_frames cannot clear a frame that is still running
         next(iter(SDL(dataset=Failing(), num_workers=4, collate_fn=identity)))
     free_the_frames(info)
+
+
+# -- TestDynamicStateIterableDataset, TestDatasetIteratorStateDuplication --------------------
+
+def _first_iter_state(state):
+    """Worker 0's iterator state, of a loader with 2 workers."""
+    return _snapshots(state, 2)[0]["fetcher_state"]["dataset_iter_state"]
+
+
+def test_dynamic_state_iterable_dataset(SDL):
+    """A state that grows as the stream is read, under torchdata's names
+    (SPEC §9: each worker's iterator's own state, as of its last batch)."""
+    dataset = GrowingState(list(range(100)))
+    dl = SDL(dataset=dataset, num_workers=2, collate_fn=identity)
+    it = iter(dl)
+    for _ in range(6):   # a batch from each worker at least
+        next(it)
+    state = dl.state_dict()
+    assert len(_first_iter_state(state)) == 7
+    saved = copy.deepcopy(state)
+    for _ in range(4):
+        next(it)
+    later = dl.state_dict()
+    assert state == saved and state != later   # the state given is not changed by what comes after it
+    assert len(_first_iter_state(later)) == 11
+    dl = SDL(dataset=dataset, num_workers=2, collate_fn=identity)
+    dl.load_state_dict(state)
+    it = iter(dl)
+    assert [x for _ in range(2) for x in next(it)] == [3, 3]
+    assert len(_first_iter_state(dl.state_dict())) == 9
+
+
+def test_dataset_iterator_state_duplication(SDL):
+    """A dataset that is its own iterator: its state is saved once, as the
+    iterator's, and ``dataset_state`` is None (with 0 workers at the top level)."""
+    dataset = SelfIterating(range(100))
+    for workers in (0, 2):
+        dl = SDL(dataset=dataset, num_workers=workers, collate_fn=identity)
+        it = iter(dl)
+        for _ in range(workers + 1):   # a batch from each worker
+            next(it)
+        for snapshot in _snapshots(dl.state_dict(), workers):
+            assert snapshot["dataset_state"] is None
+            assert snapshot["fetcher_state"]["dataset_iter_state"]
 
 
 # -- TestFastStateDictRequestRoundRobin ---------------------------------------------------
