@@ -218,6 +218,24 @@ def steady_epoch_batches_per_s(loader, step_s, epochs=1):
     return k / (time.perf_counter() - t0)
 
 
+def alternating_batches_per_s(loaders, step_s, epochs):
+    """Batches per second of each of ``loaders`` (name -> loader) over ``epochs`` epochs
+    each, after an untimed one each, their timed epochs taken in turn: the machine's
+    speed drifts over seconds (a shared host), and in turn the drift falls on every
+    loader alike, so the ratios between them stay paired (rows measured one after
+    another, seconds apart, are not)."""
+    for loader in loaders.values():
+        _epoch_batches(loader, step_s)
+    batches = dict.fromkeys(loaders, 0)
+    seconds = dict.fromkeys(loaders, 0.0)
+    for _ in range(epochs):
+        for name, loader in loaders.items():
+            t0 = time.perf_counter()
+            batches[name] += _epoch_batches(loader, step_s)
+            seconds[name] += time.perf_counter() - t0
+    return {name: batches[name] / seconds[name] for name in loaders}
+
+
 def dropin_pairs(bps, s):
     """The torch drop-in's targets at step s: (ours, other, goal) against torch's
     DataLoader, and against the Loader it runs on (the same engine: within 5 %)."""

@@ -342,6 +342,43 @@ def test_an_edited_stream_part_with_no_workers_is_refused_naming_it(edit, messag
         assert [int(x) for x in loader] == list(range(12))
 
 
+class EpochCounted(IterableDataset):
+    """A stream whose __iter__ advances its own epoch, which decides its
+    samples (as a dataset reshuffling per epoch does)."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def __iter__(self):
+        self.epoch += 1
+        info = torch.utils.data.get_worker_info()
+        w, k = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter([self.epoch * 100 + i for i in range(w, 8, k)])
+
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.epoch = state["epoch"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_at_iter_resumes_a_stream_whose_iter_advances_its_epoch(workers):
+    """A state taken before any batch holds each worker's dataset state from
+    before its __iter__ (restored, then iterated once): the resumed run gives
+    the samples the uninterrupted one did, not those of the epoch after
+    (torchdata's TestSingleIterCalled asks for the state after __iter__;
+    TORCHDATA_TESTS.md; SPEC §9 Streams)."""
+    loader = StatefulDataLoader(EpochCounted(), batch_size=None, num_workers=workers)
+    it = iter(loader)
+    state = loader.state_dict()
+    expected = [int(x) for x in it]
+    assert sorted(expected) == [100 + i for i in range(8)]
+    resumed = StatefulDataLoader(EpochCounted(), batch_size=None, num_workers=workers)
+    resumed.load_state_dict(state)
+    assert [int(x) for x in resumed] == expected
+
+
 def test_a_state_after_close_is_where_the_consumer_stopped():
     whole = flat(_make(num_workers=2))
     loader = _make(num_workers=2)
