@@ -195,30 +195,15 @@ class SplitCounter(IterableDataset):
         self.curr, self.end = state["curr"], state["end"]
 
 
-class GrowingState(IterableDataset):
+class GrowingState(CountingIterator, IterableDataset):
     """torchdata's DynamicStateIterableDataset: its own iterator, its state
     two entries (one a tensor) longer for each sample read."""
 
-    def __init__(self, samples):
-        self.samples, self.i = samples, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.i >= len(self.samples):
-            raise StopIteration
-        self.i += 1
-        return self.samples[self.i - 1]
-
     def state_dict(self):
-        state = {"i": self.i}
+        state = super().state_dict()
         for a in range(self.i):
             state[str(a)], state[f"t{a}"] = {a: list(range(a))}, torch.tensor(a, dtype=torch.int8)
         return state
-
-    def load_state_dict(self, state):
-        self.i = state["i"]
 
 
 def _snapshots(state, workers):
