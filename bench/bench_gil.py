@@ -73,7 +73,7 @@ GOAL = 0.95   # the advice against torch's own loader, batches/s
 EPOCHS = 4
 # The rows judged against torch's loader: their timed epochs alternate (bench_loader's
 # alternating_batches_per_s), so the host's drift in speed over the seconds between rows
-# (torch's own row spread 58-96 batches/s within one quiet run) falls on each alike.
+# (torch's own row spread 68-96 batches/s within one quiet run) falls on each alike.
 PAIRED = (TORCH2, ADVICE, DROPIN)
 
 WORDS = ("the of and to in is was for on that with as by at from his her an were are which this be or "
