@@ -471,7 +471,8 @@ cdef class _Gauge:
 
     cdef void restart(self, str what)
     cdef bint due(self, int64_t now)
-    cdef int after_batch(self, int64_t now, _LoaderThreads crew, int threads) except -1
+    cdef bint due_waiting(self, int64_t now, _LoaderThreads crew)
+    cdef int end_window(self, int64_t now, _LoaderThreads crew, int threads) except -1
     cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
                       tuple at_work=*) except -1
     cdef object _probe(self, probe, tuple at_work)

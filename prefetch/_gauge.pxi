@@ -2,10 +2,10 @@
 # and where they do not, do they wait for the GIL (processes would help) or for
 # CPUs (taken by other processes, or by this process's other threads: they would not)?
 #
-# The publisher measures windows (>= 50 ms, closed at a batch taken) through
-# the meter (_meter.pxi): per second, the threads at work on average (`busy`:
-# inside load(key), or woken for it and waiting to run, _threads.pxi), the
-# CPUs they ran on (`cpu`), the CPUs they waited for while runnable (`runq`),
+# The publisher measures windows (>= 50 ms, ended at a batch taken or while it
+# waits for one) through the meter (_meter.pxi): per second, the threads at
+# work on average (`busy`: inside load(key), or woken for it and waiting to run,
+# _threads.pxi), the CPUs they ran on (`cpu`), the CPUs they waited for while runnable (`runq`),
 # and the CPU the process's other threads used (`others`: a library's own
 # threads such as BLAS's, the training step). judge() says from those figures
 # whether a window is worth a probe (the thresholds below); the probe's
@@ -47,12 +47,17 @@ cdef class _Gauge:
         self.what = what
 
     cdef bint due(self, int64_t now):
-        """The batch being taken closes a window."""
+        """The batch being taken ends a window (the first one begins)."""
         return self.t0 == 0 or now - self.t0 >= GAUGE_WINDOW_NS
 
-    cdef int after_batch(self, int64_t now, _LoaderThreads crew, int threads) except -1:
-        """Called when due(), when the tuner's window closes and when the
-        thread count changed: ends the window at ``now`` (the ``crew``'s time
+    cdef bint due_waiting(self, int64_t now, _LoaderThreads crew):
+        """While the publisher waits for a batch (threads that hold the GIL finish them in
+        bursts): the first window begins, or one ends where a probe finds two threads at work."""
+        return self.t0 == 0 or (now - self.t0 >= GAUGE_WINDOW_NS and len(crew.clocks_and_tids(True)[0]) >= 2)
+
+    cdef int end_window(self, int64_t now, _LoaderThreads crew, int threads) except -1:
+        """Called when due() or due_waiting(), when the tuner's window closes and
+        when the thread count changed: ends the window at ``now`` (the ``crew``'s time
         at work so far, its threads' figures, and those of its threads at work
         now, which a probe looks at) and starts the next one. A window of
         another thread count than ``threads``, or under 10 ms, is dropped."""

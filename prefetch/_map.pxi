@@ -335,6 +335,8 @@ cdef class _MapEpoch(_Stage):
                 self.failure = e.take_failure()
                 return P_END if self.failure is None else P_FAILED
             t0 = pf_now_ns()
+            if st.gauge.due_waiting(t0, st.crew):
+                st.gauge.end_window(t0, st.crew, st.target)
             with st._cv:
                 if e is st.epochs.now and not st.closed:
                     st._cv.wait(WAIT_SLICE_S)
@@ -364,17 +366,19 @@ cdef class _MapEpoch(_Stage):
         cdef int64_t now = pf_now_ns()
         cdef _MapStage st = self.stage
         if st.gauge.due(now) or st.tuner is not None and st.tuner.due(now):
-            st.gauge.after_batch(now, st.crew, st.target)
+            st.gauge.end_window(now, st.crew, st.target)
         if st.tuner is None:
             return
         threads = st.tuner.after_batch(st.target, st.samples, st.wait_ns, st.gauge)
         if threads != st.target:
             st._set_threads(threads, st.rows)
             st.wake()   # parked threads' turn
-            st.gauge.after_batch(pf_now_ns(), st.crew, threads)
+            st.gauge.end_window(pf_now_ns(), st.crew, threads)
 
     cdef void taken(self, uint64_t nbytes):
         cdef _MapStage st = self.stage
+        if st.hooks.on_notice is not None:   # a verdict reached while it waited: to the drop-in now
+            self.before_take()
         if st.epochs.ahead.bounded():
             with st._cv:   # no longer held ahead
                 st.epochs.ahead.consumed(self.e is st.epochs.now, nbytes)

@@ -379,6 +379,35 @@ class ScriptedMeter:
         return self.verdict
 
 
+class ProbedBeforeFirstBatch(ScriptedMeter):
+    """A scripted meter whose third probe lets WaitsForProbes's dataset[i] return (``opened``)."""
+
+    def __init__(self, figures):
+        super().__init__(figures)
+        self.opened = threading.Event()
+
+    def probe(self, clocks, tids):
+        verdict = super().probe(clocks, tids)
+        if self.probes == 3:
+            self.opened.set()
+        return verdict
+
+
+class WaitsForProbes:
+    """dataset[i] returns only once the gauge has probed its threads three times."""
+
+    def __init__(self, meter):
+        self.meter = meter
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if not self.meter.opened.wait(30):
+            raise AssertionError("no probe while the consumer waited for the first batch")
+        return np.full(2, i)
+
+
 GIL_BOUND = (2.0, 0.97, 0.9, 0.05)   # ScriptedMeter's figures of a GIL-bound dataset[i] (tests/core/test_loader_gil.py)
 
 

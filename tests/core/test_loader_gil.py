@@ -22,7 +22,7 @@ import pytest
 import prefetch._core as core
 from prefetch import GILBoundWarning, Loader
 from prefetch._core import _Gauge, judge
-from support import ScriptedMeter
+from support import ProbedBeforeFirstBatch, ScriptedMeter, WaitsForProbes
 
 W = 0.05   # a window, seconds
 EPOCHS_MAX = 200   # bounds a failure only: the scripted figures make the warning come in a few windows
@@ -371,6 +371,24 @@ def test_one_cpu_loader_gives_no_warning(monkeypatch):
             for _ in range(6):
                 assert len(list(loader)) == 40
     assert not [w for w in caught if issubclass(w.category, GILBoundWarning)]
+
+
+def test_windows_end_while_the_consumer_waits_so_the_verdict_needs_no_batch(monkeypatch, two_cpus):
+    """A dataset[i] slower than the gauge's windows (or threads that finish their
+    batches in bursts, as GIL-bound ones do) is judged while the consumer waits
+    for its first batch: the warning comes before the second batch, and a
+    drop-in can hand its loading over early (SPEC §9)."""
+    meter = ProbedBeforeFirstBatch(GIL_BOUND)
+    monkeypatch.setattr(core, "_METER", meter)
+    with Loader(WaitsForProbes(meter), batch_size=4, workers=2) as loader:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            it = iter(loader)
+            first = next(it)
+            second = next(it)
+            notes = [w for w in caught if issubclass(w.category, GILBoundWarning)]
+    assert first[:, 0].tolist() == [0, 1, 2, 3] and second[:, 0].tolist() == [4, 5, 6, 7]
+    assert len(notes) == 1 and notes[0].message.parallelism == pytest.approx(1.0, rel=1e-3)
 
 
 def test_the_warning_as_an_error_loses_no_batch(monkeypatch, two_cpus):

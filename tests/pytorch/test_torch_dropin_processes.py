@@ -25,10 +25,12 @@ from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
 from support import (  # noqa: E402
     GIL_BOUND,
+    ProbedBeforeFirstBatch,
     CountedLoads,
     HeldLoads,
     NewChildren,
     ScriptedMeter,
+    WaitsForProbes,
     a_gil_notice,
     take_with_ctrl_c,
 )
@@ -90,6 +92,30 @@ def test_a_gil_bound_dataset_goes_on_in_torchs_worker_processes_each_sample_load
     (again,), notes = run(dl)   # a later epoch: processes from its start, said once
     assert (again[:, 1] != MAIN).all() and again[:, 0].tolist() == list(range(N)) and not notes
     dl.close()
+    assert children() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_verdict_reached_while_the_first_batch_loads_hands_over_after_that_batch(monkeypatch):
+    """The threads are judged while the consumer waits for the first batch
+    (the meter's third probe lets dataset[i] return): the loader acts on the
+    verdict as that batch is handed out, not a batch later (SPEC §9)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    meter = ProbedBeforeFirstBatch(GIL_BOUND)
+    monkeypatch.setattr(core, "_METER", meter)
+    dl = DataLoader(WaitsForProbes(meter), batch_size=2, num_workers=2)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            it = iter(dl)
+            first = next(it)
+            loading = dl.stats().loading
+            rest = list(it)
+    finally:
+        dl.close()
+    assert loading == "processes"
+    assert torch.cat([first, *rest])[:, 0].tolist() == list(range(16))
+    assert len([w for w in caught if issubclass(w.category, GILBoundWarning)]) == 1
     assert children() == []
 
 
