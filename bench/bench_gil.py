@@ -129,6 +129,15 @@ def _serial_batch_s(ds):
     return min(t)
 
 
+def calibrated_texts(cfg):
+    """The dataset of cfg["batches"] batches, its Python work set so that one batch takes about
+    cfg["ms"] on one thread, and the load time of one batch as measured then."""
+    one = _serial_batch_s(Texts(BATCH, 1))
+    rounds = max(1, round(cfg["ms"] / 1e3 / one))
+    ds = Texts(cfg["batches"] * BATCH, rounds)
+    return ds, _serial_batch_s(ds)
+
+
 def _rows(ds):
     import prefetch
     rows = {"plain loop": lambda: (_Plain(ds), None)}
@@ -170,11 +179,79 @@ def _rows(ds):
     return rows, skipped
 
 
-def _goals(bps, base):
-    """The (ours, theirs) pairs with a GOAL: the advice and the drop-in against torch's loader, and
-    a fresh drop-in's first epoch against a fresh torch loader's (its worker processes start in it)."""
+def _goals(rows, base):
+    """The (ours, theirs) pairs with a GOAL among ``rows`` (names): the advice and the drop-in against
+    torch's loader, and a fresh drop-in's first epoch against a fresh torch loader's (its worker
+    processes start in it)."""
     pairs = [(ADVICE, base), (DROPIN, base), (DROPIN_FIRST, TORCH2_FIRST)]
-    return [(ours, theirs) for ours, theirs in pairs if ours in bps and theirs in bps and base == TORCH2]
+    return [(ours, theirs) for ours, theirs in pairs if ours in rows and theirs in rows and base == TORCH2]
+
+
+def judged(bps, pairs):
+    """The verdicts of the (ours, theirs) ``pairs``: ours >= GOAL x theirs' batches/s, on the
+    interval of the per-repetition ratios."""
+    verdicts = []
+    for ours, theirs in pairs:
+        iv = S.interval(S.ratios(bps[ours], bps[theirs]))
+        what = f"the advice, {ours}," if ours == ADVICE else ours
+        verdicts.append(S.Verdict(f"GIL-bound dataset: {what} >= {GOAL:.2f} x {theirs}'s batches/s",
+                                  iv.text(2), S.judge(iv, GOAL, True)))
+    return verdicts
+
+
+def measure(rows, cfg, say, pairs, paired, look=None):
+    """Batches/s of every row per repetition (name -> list): each row built once and warmed
+    (its workers started), rows interleaved, the timed epochs of the ``paired`` ones taken in
+    turn, a _FirstEpoch row timed on one epoch (a fresh loader's first); repetitions added while
+    a verdict of ``pairs`` is open. ``look(loaders)`` (name -> loader) reads them before they are
+    closed: returned beside the figures."""
+    built = {}
+    try:
+        for name, make in rows.items():
+            say(f"GIL-bound: building {name}")
+            built[name] = make()
+            steady_epoch_batches_per_s(built[name][0], 0)   # warm: workers started
+        bps = {name: [] for name in rows}
+        for rep in S.repetitions(cfg, lambda: S.open_verdicts(judged(bps, pairs)), say, "GIL-bound dataset"):
+            order = U.rotate(list(rows), rep)
+            for name in order:
+                if name not in paired:
+                    first = isinstance(built[name][0], _FirstEpoch)
+                    bps[name].append(steady_epoch_batches_per_s(built[name][0], 0, 1 if first else cfg["epochs"]))
+            in_turn = {name: built[name][0] for name in order if name in paired}
+            for name, figure in alternating_batches_per_s(in_turn, 0, cfg["epochs"]).items():
+                bps[name].append(figure)
+        seen = None if look is None else look({name: loader for name, (loader, _closer) in built.items()})
+    finally:
+        for _loader, closer in built.values():
+            if closer is not None:
+                closer()
+    return bps, seen
+
+
+def figure_lines(cfg, bps, base, load_s, absent=()):
+    """The setting, batches/s per row beside the bounds threads and processes have here, and
+    each row's speed ratio against ``base``; and the CPUs (a bound)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [f"  one batch of {BATCH} loads in {load_s * 1e3:.0f} ms on one thread (pure Python, holds the GIL); "
+             f"{cpus} CPUs; epochs of {cfg['batches']} batches, {cfg['epochs']} timed per figure; step 0"]
+    lines += [""] + U.table_lines(["batches/s", "median [95% interval]"],
+                                  [[name, S.interval(v).text(1)] for name, v in bps.items()] + list(absent)
+                                  + [["ideal: CPUs/load (processes)", f"{cpus / load_s:.1f}"],
+                                     ["one thread at a time: 1/load", f"{1 / load_s:.1f}"]])
+    ratio_rows = [[f"{name} / {base}", S.interval(S.ratios(bps[name], bps[base])).text(2)]
+                  for name in bps if name != base]
+    lines += [""] + U.table_lines([f"speed ratios per repetition (batches/s, against {base})", "median [95% interval]"],
+                                  ratio_rows)
+    return lines, cpus
+
+
+def first_epoch_line(cfg, bps, ours, theirs, whose):
+    """How many seconds a fresh drop-in's first epoch (``ours``) adds to a fresh ``whose`` loader's
+    (``theirs``): the first-epoch ratio depends on the epoch's length; the seconds it adds do not."""
+    more_s = [cfg["batches"] / a - cfg["batches"] / b for a, b in zip(bps[ours], bps[theirs])]
+    return (f"  a fresh drop-in's first epoch takes {S.interval(more_s).text(2)} s longer than a fresh {whose} "
+            f"loader's (negative: shorter; its threads measure dataset[i], then hand over; once per loader)")
 
 
 def _warning_when(ds, workers, give_up_s=3 * WARN_S):
@@ -208,15 +285,18 @@ def _warning_rows(ds, say):
 
 class _FirstEpoch:
     """Each epoch is the first of a fresh loader (a run begins there: the drop-in's
-    verdict and its hand-over to processes are in it), closed after."""
+    verdict and its hand-over to processes are in it), closed after; ``look(loader)``,
+    if given, reads it at the end of that epoch, before it is closed."""
 
-    def __init__(self, make):
-        self.make = make
+    def __init__(self, make, look=None):
+        self.make, self.look = make, look
 
     def __iter__(self):
         loader = self.make()
         try:
             yield from loader
+            if self.look is not None:
+                self.look(loader)
         finally:
             close = getattr(loader, "close", None)   # torch's DataLoader has none: its workers end
             if close is not None:                    # with its iterator
@@ -233,69 +313,21 @@ class _Plain:
 
 
 def run(cfg, say):
-    # Calibrate the Python work so that one batch takes about --gil-ms on one thread.
-    probe = Texts(BATCH, 1)
-    one = _serial_batch_s(probe)
-    rounds = max(1, round(cfg["ms"] / 1e3 / one))
-    ds = Texts(cfg["batches"] * BATCH, rounds)
-    load_s = _serial_batch_s(ds)
+    ds, load_s = calibrated_texts(cfg)
     rows, skipped = _rows(ds)
-    built = {}
-    try:
-        for name, make in rows.items():
-            say(f"GIL-bound: building {name}")
-            built[name] = make()
-            steady_epoch_batches_per_s(built[name][0], 0)   # warm: workers started
-        bps = {name: [] for name in rows}
-        base = TORCH2 if TORCH2 in rows else "plain loop"
+    base = TORCH2 if TORCH2 in rows else "plain loop"
+    pairs = _goals(rows, base)
 
-        def unresolved():
-            return any(S.judge(S.interval(S.ratios(bps[ours], bps[theirs])), GOAL, True) == S.INCONCLUSIVE
-                       for ours, theirs in _goals(bps, base))
-
-        for rep in S.repetitions(cfg, unresolved, say, "GIL-bound dataset"):
-            order = U.rotate(list(rows), rep)
-            for name in order:
-                if name not in PAIRED:
-                    first = name in (TORCH2_FIRST, DROPIN_FIRST)   # each epoch a fresh loader's first
-                    bps[name].append(steady_epoch_batches_per_s(built[name][0], 0, 1 if first else cfg["epochs"]))
-            paired = {name: built[name][0] for name in order if name in PAIRED}
-            for name, figure in alternating_batches_per_s(paired, 0, cfg["epochs"]).items():
-                bps[name].append(figure)
-        workers_auto = reason_auto = None
-        if LOADER_AUTO in built:
-            workers_auto = getattr(built[LOADER_AUTO][0].stats(), "workers", None)
-            reason_auto = getattr(built[LOADER_AUTO][0].stats(), "tune_reason", None)
-    finally:
-        for _loader, closer in built.values():
-            if closer is not None:
-                closer()
+    def auto_stats(loaders):
+        stats = loaders[LOADER_AUTO].stats() if LOADER_AUTO in loaders else None
+        return getattr(stats, "workers", None), getattr(stats, "tune_reason", None)
+    bps, (workers_auto, reason_auto) = measure(rows, cfg, say, pairs, PAIRED, auto_stats)
     warned = _warning_rows(ds, say)
-    verdicts, ratio_rows = [], []
-    for name in rows:
-        if name != base:
-            ratio_rows.append([f"{name} / {base}", S.interval(S.ratios(bps[name], bps[base])).text(2)])
-    for ours, theirs in _goals(bps, base):
-        iv = S.interval(S.ratios(bps[ours], bps[theirs]))
-        what = f"the advice, {ours}," if ours == ADVICE else ours
-        verdicts.append(S.Verdict(f"GIL-bound dataset: {what} >= {GOAL:.2f} x {theirs}'s batches/s",
-                                  iv.text(2), S.judge(iv, GOAL, True)))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    lines = [f"  one batch of {BATCH} loads in {load_s * 1e3:.0f} ms on one thread (pure Python, holds the GIL); "
-             f"{cpus} CPUs; epochs of {cfg['batches']} batches, {cfg['epochs']} timed per figure; step 0"]
+    verdicts = judged(bps, pairs)
     absent = [[name, "not installed"] for name in skipped if name in P.PEERS]
-    lines += [""] + U.table_lines(["batches/s", "median [95% interval]"],
-                                  [[name, S.interval(v).text(1)] for name, v in bps.items()] + absent
-                                  + [["ideal: CPUs/load (processes)", f"{cpus / load_s:.1f}"],
-                                     ["one thread at a time: 1/load", f"{1 / load_s:.1f}"]])
-    lines += [""] + U.table_lines([f"speed ratios per repetition (batches/s, against {base})", "median [95% interval]"],
-                                  ratio_rows)
+    lines, cpus = figure_lines(cfg, bps, base, load_s, absent)
     if DROPIN_FIRST in bps and TORCH2_FIRST in bps:
-        # The first-epoch ratio depends on the epoch's length; the seconds it adds do not.
-        more_s = [cfg["batches"] / ours - cfg["batches"] / theirs
-                  for ours, theirs in zip(bps[DROPIN_FIRST], bps[TORCH2_FIRST])]
-        lines.append(f"  a fresh drop-in's first epoch takes {S.interval(more_s).text(2)} s longer than a fresh torch "
-                     f"loader's (its threads measure dataset[i], then hand over; once per loader)")
+        lines.append(first_epoch_line(cfg, bps, DROPIN_FIRST, TORCH2_FIRST, "torch"))
     if workers_auto is not None:
         lines.append(f"  prefetch.Loader() kept {workers_auto} thread(s) (stats().workers), because: "
                      f"{reason_auto!r} (stats().tune_reason)")
@@ -343,6 +375,12 @@ def _warning_report(warned, speedup):
 
 def plot(ax, data):
     """Batches/s per row (median, bar: 95% interval); the serial limit of threads and the process ideal."""
+    draw(ax, data, "the advice", "GIL-bound dataset (pure-Python dataset[i])")
+
+
+def draw(ax, data, judged_row, title):
+    """The panel of a GIL-bound section: its rows' batches/s, the bounds (one thread at a time,
+    CPUs/load) and the target line GOAL x its base row, the one ``judged_row`` is judged against."""
     rows = data["batches_per_s"]
     S.row_bars(ax, rows)
     ax.axvline(1 / data["load_s"], linestyle="-.", color="grey", linewidth=1,
@@ -352,10 +390,9 @@ def plot(ax, data):
     base = data.get("base")
     if base in rows:
         ax.axvline(GOAL * S.interval(rows[base]).median, linestyle=":", color="k", linewidth=1.2,
-                   label=f"target for the advice: {GOAL:.2f} x {base}")
+                   label=f"target for {judged_row}: {GOAL:.2f} x {base}")
     ax.set_xlabel("batches/s at step 0, higher is better")
-    ax.set_title("GIL-bound dataset (pure-Python dataset[i]): batches per second, higher is better "
-                 "(median; bars: 95% interval)", fontsize=10)
+    ax.set_title(f"{title}: batches per second, higher is better (median; bars: 95% interval)", fontsize=10)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
-SECTIONS = ["loader", "loader_val", "loader_mx", "gil", "gil_load", "loader_scaling", "handoff", "handover", "copy",
+SECTIONS = ["loader", "loader_val", "loader_mx", "gil", "gil_mx", "gil_load", "loader_scaling", "handoff", "handover", "copy",
             "memory", "overlap", "mx_engine", "mx_e2e", "torch", "tree", "footprint"]
 # --quick runs these (what the first line states: prefetch against the loaders a user would
 # use instead) unless --sections says otherwise; the others are named in the report as left
