@@ -470,8 +470,7 @@ cdef class _Gauge:
     cdef object notice             # a GILBoundWarning for the consumer to raise, or None
 
     cdef void restart(self, str what)
-    cdef bint due(self, int64_t now)
-    cdef bint due_waiting(self, int64_t now, _LoaderThreads crew)
+    cdef bint due(self, int64_t now, _LoaderThreads waiting=*)
     cdef int end_window(self, int64_t now, _LoaderThreads crew, int threads) except -1
     cpdef bint window(self, double wall, int threads, double busy, cpu, runq, others, probe,
                       tuple at_work=*) except -1

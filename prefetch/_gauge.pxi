@@ -46,18 +46,16 @@ cdef class _Gauge:
         self.t0 = 0
         self.what = what
 
-    cdef bint due(self, int64_t now):
-        """The batch being taken ends a window (the first one begins)."""
-        return self.t0 == 0 or now - self.t0 >= GAUGE_WINDOW_NS
-
-    cdef bint due_waiting(self, int64_t now, _LoaderThreads crew):
-        """While the publisher waits for a batch (threads that hold the GIL finish them in
-        bursts): the first window begins, or one ends where a probe finds two threads at work."""
-        return self.t0 == 0 or (now - self.t0 >= GAUGE_WINDOW_NS and len(crew.clocks_and_tids(True)[0]) >= 2)
+    cdef bint due(self, int64_t now, _LoaderThreads waiting=None):
+        """A window ends at the batch being taken, or while the publisher waits for one
+        (threads that hold the GIL finish batches in bursts) where a probe finds two of
+        the ``waiting`` crew's threads at work; the first one begins."""
+        return self.t0 == 0 or now - self.t0 >= GAUGE_WINDOW_NS and (
+            waiting is None or len(waiting.clocks_and_tids(True)[0]) >= 2)
 
     cdef int end_window(self, int64_t now, _LoaderThreads crew, int threads) except -1:
-        """Called when due() or due_waiting(), when the tuner's window closes and
-        when the thread count changed: ends the window at ``now`` (the ``crew``'s time
+        """Called when due(), when the tuner's window closes and when the
+        thread count changed: ends the window at ``now`` (the ``crew``'s time
         at work so far, its threads' figures, and those of its threads at work
         now, which a probe looks at) and starts the next one. A window of
         another thread count than ``threads``, or under 10 ms, is dropped."""

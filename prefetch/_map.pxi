@@ -335,7 +335,7 @@ cdef class _MapEpoch(_Stage):
                 self.failure = e.take_failure()
                 return P_END if self.failure is None else P_FAILED
             t0 = pf_now_ns()
-            if st.gauge.due_waiting(t0, st.crew):
+            if st.gauge.due(t0, st.crew):
                 st.gauge.end_window(t0, st.crew, st.target)
             with st._cv:
                 if e is st.epochs.now and not st.closed:
