@@ -25,10 +25,10 @@ from prefetch import GILBoundWarning  # noqa: E402
 from prefetch.torch import DataLoader  # noqa: E402
 from support import (  # noqa: E402
     GIL_BOUND,
-    ProbedBeforeFirstBatch,
     CountedLoads,
     HeldLoads,
     NewChildren,
+    ProbedBeforeFirstBatch,
     ScriptedMeter,
     WaitsForProbes,
     a_gil_notice,
