@@ -248,6 +248,8 @@ class Counted:
 def test_ndarrays_queued_at_close_are_released():
     """§5: close() drops queued NDArrays and syncs the engine: their pool blocks
     are freed before it returns; only the one behind the batch kept stays."""
+    gc.collect()
+    mx.nd.waitall()   # an earlier test's NDArrays that are still being freed are not counted here
     blocks = _live_counts()["blocks"]
     x = mx.nd.ones((64, 32768))
     source = Counted(mx.io.NDArrayIter(x, mx.nd.ones(64), 4), wanted=5)
