@@ -29,7 +29,7 @@ from prefetch._options import (
     check_loading,
     check_num_workers,
 )
-from prefetch._replica import replica
+from prefetch._replica import for_processes, replica
 from prefetch._resume import Identity, order_part, stateful, try_state
 from prefetch._streams import start_part, stream_copy
 from prefetch._types import ClosedError, GILBoundWarning, Stats
@@ -47,8 +47,8 @@ from prefetch.loader import Loader, ints, worker_info
 
 __all__ = ["MAX_EPOCH", "Choice", "ClosedError", "Closing", "Cut", "FrameworkLoader", "GILBoundWarning",
            "Identity", "Options", "Prefetcher", "Stats", "check_batch_size", "check_dataset", "check_int",
-           "check_loading", "check_num_workers", "close_when_dropped", "ints", "machinery", "order_part",
-           "ProcessEpoch", "register_collate", "register_container", "register_device", "register_leaf",
+           "check_loading", "check_num_workers", "close_when_dropped", "for_processes", "ints", "machinery",
+           "order_part", "ProcessEpoch", "register_collate", "register_container", "register_device", "register_leaf",
            "register_thread_state", "replica", "say_handover", "start_part", "start_method", "stateful",
            "stream_copy", "try_state", "unpicklable", "warn_at_user", "worker_info"]
 

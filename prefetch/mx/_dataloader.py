@@ -32,6 +32,7 @@ from prefetch._framework import (
     check_batch_size,
     check_loading,
     check_num_workers,
+    for_processes,
     order_part,
     replica,
     say_handover,
@@ -379,9 +380,9 @@ class DataLoader(_gluon_data.DataLoader, Closing):
         theirs (``last_batch`` is the user's batch sampler's, read on this side)."""
         if self._gluon is None:
             self._gluon = _gluon_data.DataLoader(
-                self._dataset, batch_sampler=[], batchify_fn=self._given_batchify, num_workers=self._num_workers,
-                pin_memory=self._pin_memory, pin_device_id=self._pin_device_id, prefetch=self._prefetch,
-                thread_pool=False, timeout=self._timeout)
+                for_processes(self._dataset), batch_sampler=[], batchify_fn=self._given_batchify,
+                num_workers=self._num_workers, pin_memory=self._pin_memory, pin_device_id=self._pin_device_id,
+                prefetch=self._prefetch, thread_pool=False, timeout=self._timeout)
         self._process_pass = ProcessEpoch(loader, handed)
         self._gluon._batch_sampler = loader.batch_sampler.cut.rest()   # what refresh() reads, as Gluon's DataLoader made it
         self._gluon.refresh()   # its workers load from now (Gluon's own start of a pass)

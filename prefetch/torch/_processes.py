@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 from torch.utils.data.dataloader import DataLoader as TorchDataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from prefetch._framework import Choice, ProcessEpoch, say_handover, start_method, unpicklable
+from prefetch._framework import Choice, ProcessEpoch, for_processes, say_handover, start_method, unpicklable
 from prefetch.torch._sampler import decode_generator
 
 # Why an epoch stays on threads under loading="auto" though torch's worker processes could run the dataset.
@@ -76,7 +76,8 @@ class Workers:
             # it is) and its generator where this iterator drew the base seed: torch's
             # iterator draws the same seed. Not setattr: torch refuses to change these.
             self.proxy = TorchDataLoader.__new__(TorchDataLoader)
-            fields = dict(vars(loader), generator=decode_generator(self.iterator_rng), _iterator=None)
+            fields = dict(vars(loader), generator=decode_generator(self.iterator_rng), _iterator=None,
+                          dataset=for_processes(loader.dataset))
             if batches is not None:
                 fields["batch_sampler" if loader._auto_collation else "sampler"] = batches
             vars(self.proxy).update(fields)

@@ -4,10 +4,12 @@ drop-ins use): besides the framework's datasets, the objects a drop-in names
 copied by the same walk, wherever they sit, and the user's objects are left
 as they are."""
 import collections
+import gc
+import sys
 
 import pytest
 
-from prefetch._framework import replica
+from prefetch._framework import for_processes, replica
 
 
 class Dataset:
@@ -119,3 +121,37 @@ def test_an_error_copying_a_named_object_is_the_callers():
     root = Wrapper(reader=Reader("a"))
     with pytest.raises(OSError, match="cannot reopen a"):
         replica(root, (Dataset,), {id(root): None, id(root.reader): broken})
+
+
+class Plain:
+    def __init__(self):
+        self.rows, self.scale = [1, 2], 3
+
+
+class OwnState(Plain):
+    def __getstate__(self):
+        return {"rows": self.rows}
+
+
+def _has_own_dict(obj):
+    """Whether ``obj``'s attributes sit in a dict of its own (gc sees that dict;
+    CPython 3.11+ keeps them in the object until its ``__dict__`` is read)."""
+    return any(type(r) is dict for r in gc.get_referents(obj))
+
+
+def test_processes_forked_after_threads_get_the_dataset_with_its_attributes_in_place():
+    """A thread's copy read the dataset's __dict__ (on CPython 3.11 its
+    attributes then sit in a dict, read more slowly in every dataset[i]):
+    worker processes get a shallow copy with them in the object (SPEC §9)."""
+    dataset = Plain()
+    replica(dataset, (Plain,))   # as a loader thread's copy is made
+    assert _has_own_dict(dataset)
+    fresh = for_processes(dataset)
+    assert type(fresh) is Plain and fresh is not dataset
+    assert fresh.rows is dataset.rows and fresh.scale == 3   # shallow: what it holds is shared
+    assert _has_own_dict(fresh) == (sys.version_info < (3, 11))
+
+
+def test_a_dataset_that_copies_or_pickles_its_own_way_goes_to_processes_as_it_is():
+    dataset = OwnState()
+    assert for_processes(dataset) is dataset
