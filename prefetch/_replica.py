@@ -78,14 +78,14 @@ def _copy(obj: Any, kinds: tuple[type, ...], along: Along, memo: dict[int, Any])
     return own
 
 
-def for_processes(dataset: Any) -> Any:
+def for_processes(dataset: Any, kinds: tuple[type, ...]) -> Any:
     """``dataset`` for worker processes forked after threads ran it: a shallow copy with its
-    attributes kept in the object. A thread's copy (``copy.copy``) moved the original's into
-    a dict of its own, which CPython 3.11 reads more slowly in every ``dataset[i]`` (12-19 %
-    more CPU a batch on a pure-Python dataset). The dataset itself where its class copies or
-    pickles in a way of its own."""
+    attributes kept in the object. A thread's copy of one of ``kinds`` (``copy.copy``) moved
+    the original's into a dict of its own, which CPython 3.11 reads more slowly in every
+    ``dataset[i]`` (12-19 % more CPU a batch on a pure-Python dataset). The dataset itself
+    where no thread copied it, or its class copies or pickles in a way of its own."""
     cls: Any = type(dataset)
-    state = getattr(dataset, "__dict__", None)
+    state = getattr(dataset, "__dict__", None) if isinstance(dataset, kinds) else None
     if (type(state) is not dict or copyreg._slotnames(cls)   # type: ignore[attr-defined]  # as copy.copy reads slots
             or any(hasattr(cls, name) for name in ("__copy__", "__setstate__", "__getnewargs__", "__getnewargs_ex__"))
             or any(getattr(cls, name, None) is not getattr(object, name, None)

@@ -380,7 +380,7 @@ class DataLoader(_gluon_data.DataLoader, Closing):
         theirs (``last_batch`` is the user's batch sampler's, read on this side)."""
         if self._gluon is None:
             self._gluon = _gluon_data.DataLoader(
-                for_processes(self._dataset), batch_sampler=[], batchify_fn=self._given_batchify,
+                for_processes(self._dataset, (_gluon_data.Dataset,)), batch_sampler=[], batchify_fn=self._given_batchify,
                 num_workers=self._num_workers, pin_memory=self._pin_memory, pin_device_id=self._pin_device_id,
                 prefetch=self._prefetch, thread_pool=False, timeout=self._timeout)
         self._process_pass = ProcessEpoch(loader, handed)

@@ -21,6 +21,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from prefetch._framework import Choice, ProcessEpoch, for_processes, say_handover, start_method, unpicklable
 from prefetch.torch._sampler import decode_generator
+from prefetch.torch._worker import DATASETS
 
 # Why an epoch stays on threads under loading="auto" though torch's worker processes could run the dataset.
 OUT_OF_ORDER = ("with in_order=False its state_dict() names each batch handed out, which torch's worker processes "
@@ -77,7 +78,7 @@ class Workers:
             # iterator draws the same seed. Not setattr: torch refuses to change these.
             self.proxy = TorchDataLoader.__new__(TorchDataLoader)
             fields = dict(vars(loader), generator=decode_generator(self.iterator_rng), _iterator=None,
-                          dataset=for_processes(loader.dataset))
+                          dataset=for_processes(loader.dataset, DATASETS))
             if batches is not None:
                 fields["batch_sampler" if loader._auto_collation else "sampler"] = batches
             vars(self.proxy).update(fields)

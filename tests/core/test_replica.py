@@ -146,12 +146,16 @@ def test_processes_forked_after_threads_get_the_dataset_with_its_attributes_in_p
     dataset = Plain()
     replica(dataset, (Plain,))   # as a loader thread's copy is made
     assert _has_own_dict(dataset)
-    fresh = for_processes(dataset)
+    fresh = for_processes(dataset, (Plain,))
     assert type(fresh) is Plain and fresh is not dataset
     assert fresh.rows is dataset.rows and fresh.scale == 3   # shallow: what it holds is shared
     assert _has_own_dict(fresh) == (sys.version_info < (3, 11))
 
 
-def test_a_dataset_that_copies_or_pickles_its_own_way_goes_to_processes_as_it_is():
+def test_a_dataset_no_thread_copied_or_that_copies_its_own_way_goes_to_processes_as_it_is():
+    """Not read at all where no thread copied it: its attributes stay in place."""
     dataset = OwnState()
-    assert for_processes(dataset) is dataset
+    assert for_processes(dataset, (OwnState,)) is dataset
+    untouched = Plain()
+    assert for_processes(untouched, (OwnState,)) is untouched
+    assert _has_own_dict(untouched) == (sys.version_info < (3, 11))
