@@ -376,17 +376,23 @@ class DataLoader(_gluon_data.DataLoader, Closing):
     def _hand_over(self, loader, handed):
         """The index lists of the pass begun that no thread opened go to
         Gluon's worker pool (a Gluon ``DataLoader(thread_pool=False)``, made
-        here the first time), which loads them while the threads finish
-        theirs (``last_batch`` is the user's batch sampler's, read on this side)."""
+        the first time), once the threads have finished theirs: no loader
+        thread is then inside MXNet (a batchify_fn's NDArrays) while Gluon
+        forks its pool, which could leave a lock of MXNet's engine held in a
+        worker for ever (``last_batch`` is the user's batch sampler's, read on this side)."""
+        self._process_pass = ProcessEpoch(loader, handed)
+        return self._gluon_pass(loader.batch_sampler.cut.rest())
+
+    def _gluon_pass(self, rest):
+        """Gluon's pool's batches of ``rest``, its pool made as the first is asked for."""
         if self._gluon is None:
             self._gluon = _gluon_data.DataLoader(
                 for_processes(self._dataset, (_gluon_data.Dataset,)), batch_sampler=[], batchify_fn=self._given_batchify,
                 num_workers=self._num_workers, pin_memory=self._pin_memory, pin_device_id=self._pin_device_id,
                 prefetch=self._prefetch, thread_pool=False, timeout=self._timeout)
-        self._process_pass = ProcessEpoch(loader, handed)
-        self._gluon._batch_sampler = loader.batch_sampler.cut.rest()   # what refresh() reads, as Gluon's DataLoader made it
+        self._gluon._batch_sampler = rest   # what refresh() reads, as Gluon's DataLoader made it
         self._gluon.refresh()   # its workers load from now (Gluon's own start of a pass)
-        return iter(self._gluon)
+        yield from self._gluon
 
     def refresh(self):
         """Starts loading the next pass now (Gluon's prefetch of an epoch)."""

@@ -13,7 +13,7 @@ MAX_STAGE_LINES = 250
 # counted). A new capability goes on the core's machinery, not beside it:
 # lower this when a change makes the package smaller; raise it only in a
 # commit that says what the new lines do and why what is there could not.
-MAX_PACKAGE_LINES = 10980
+MAX_PACKAGE_LINES = 10986
 SOURCES = ("*.py", "*.pyx", "*.pxd", "*.pxi")
 MAX_STAGE_PARAMS = 8
 # The one file that keeps a thread-local of the loader threads: sample_rng()
